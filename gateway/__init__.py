@@ -1,0 +1,3 @@
+"""The gateway: a secure entry portal for MCP URL-mode elicitations."""
+
+__version__ = "0.1.0"

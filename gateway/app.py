@@ -1,0 +1,47 @@
+"""The application factory: wiring only, no I/O."""
+
+from __future__ import annotations
+
+from flask import Flask
+from flask_wtf.csrf import CSRFProtect
+
+from gateway import db, resources, web
+from gateway.clock import Clock, SystemClock
+from gateway.settings import Settings, load_settings
+
+MAX_REQUEST_BYTES = 64 * 1024
+
+csrf = CSRFProtect()
+
+
+def create_app(settings: Settings | None = None, *, clock: Clock | None = None) -> Flask:
+    """Build the gateway app from settings (read from the environment when not given)."""
+    settings = settings or load_settings()
+    app = Flask(
+        "gateway",
+        template_folder=str(resources.TEMPLATES),
+        static_folder=str(resources.STATIC),
+    )
+    app.config.update(
+        SECRET_KEY=settings.secret_key.reveal(),
+        MAX_CONTENT_LENGTH=MAX_REQUEST_BYTES,
+        PREFERRED_URL_SCHEME="https",
+        SESSION_COOKIE_SECURE=True,
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        # Forms carry a CSRF token tied to the session; it must outlive the
+        # longest elicitation a user may keep open.
+        WTF_CSRF_TIME_LIMIT=None,
+        WTF_CSRF_SSL_STRICT=True,
+    )
+    app.json.sort_keys = False  # type: ignore[attr-defined]  # keep documented field order
+    app.extensions["gateway.settings"] = settings
+    app.extensions["gateway.clock"] = clock or SystemClock()
+    app.jinja_env.globals["public_host"] = settings.public_host
+    # Not url_for: error pages render even when the request's host was refused
+    # and Flask has no URL adapter.
+    app.jinja_env.globals["static_url"] = lambda name: f"{app.static_url_path}/{name}"
+    db.init_app(app, settings.database_url)
+    csrf.init_app(app)
+    web.init_app(app, settings)
+    return app

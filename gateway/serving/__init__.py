@@ -1,0 +1,1 @@
+"""Serving the app: TLS material and gunicorn."""

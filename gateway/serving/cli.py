@@ -1,0 +1,91 @@
+"""``gateway serve``: gunicorn with threaded workers, terminating TLS itself."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+from pathlib import Path
+
+import click
+from sqlalchemy.exc import SQLAlchemyError
+
+from gateway import cli, migrations
+from gateway.db import make_engine
+from gateway.files import FileError
+from gateway.serving import server, tls
+from gateway.settings import Settings
+
+log = logging.getLogger(__name__)
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8443, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64),
+              help="Worker processes.")
+@click.option("--threads", default=32, show_default=True, type=click.IntRange(1, 1024),
+              help="Threads per worker process.")
+@click.option("--certfile", type=click.Path(path_type=Path), help="TLS certificate (PEM).")
+@click.option("--keyfile", type=click.Path(path_type=Path), help="TLS private key (PEM, 0600).")
+@click.option("--no-tls", is_flag=True,
+              help="Serve plain HTTP to a TLS-terminating proxy; needs GATEWAY_PROXY_HOPS >= 1.")
+def serve(host: str, port: int, workers: int, threads: int,
+          certfile: Path | None, keyfile: Path | None, no_tls: bool) -> None:
+    """Serve the gateway over HTTPS."""
+    settings = cli.settings()
+    tls_files = None if no_tls else _tls_files(settings, certfile, keyfile)
+    if no_tls and settings.proxy_hops < 1:
+        cli.fail("--no-tls serves plain HTTP and is only for a TLS-terminating proxy in "
+                 "front; set GATEWAY_PROXY_HOPS to the number of proxies")
+    _check_schema(settings)
+    _check_port_free(host, port)
+    server.run(settings, server.Options(host=host, port=port, workers=workers,
+                                        threads=threads, tls_files=tls_files))
+
+
+def _tls_files(settings: Settings, certfile: Path | None,
+               keyfile: Path | None) -> tuple[Path, Path]:
+    if bool(certfile) != bool(keyfile):
+        cli.fail("pass both --certfile and --keyfile, or neither")
+    certfile = certfile or settings.tls_certfile
+    keyfile = keyfile or settings.tls_keyfile
+    try:
+        if certfile and keyfile:
+            pair = (certfile, keyfile)
+        elif settings.public_host in LOCAL_HOSTS:
+            pair = tls.ensure_dev_certificate(settings.instance_path)
+        else:
+            cli.fail(f"no TLS certificate for {settings.public_host}: set "
+                     "GATEWAY_TLS_CERTFILE and GATEWAY_TLS_KEYFILE, or pass --certfile "
+                     "and --keyfile")
+        tls.check_certificate_pair(*pair)
+    except FileError as error:
+        cli.fail(str(error))
+    return pair
+
+
+def _check_schema(settings: Settings) -> None:
+    engine = make_engine(settings.database_url)
+    try:
+        current = migrations.is_current(engine)
+    except SQLAlchemyError as error:
+        cli.fail(f"database unreachable ({error.__class__.__name__}); "
+                 "check GATEWAY_DATABASE_URL")
+    finally:
+        engine.dispose()
+    if not current:
+        cli.fail("the database schema is not current; run `gateway db upgrade` first")
+
+
+def _check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                cli.fail(f"port {port} on {host} is already in use")
+            cli.fail(f"cannot listen on {host}:{port}: {error.strerror}")

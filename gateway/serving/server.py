@@ -1,0 +1,91 @@
+"""Running the app under gunicorn's threaded workers.
+
+Threads, not processes, carry concurrency: a long-poll parks a thread, not a
+process, and the app holds no per-process state, so any number of instances
+can run side by side.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flask import Flask
+from gunicorn.app.base import BaseApplication
+
+from gateway.settings import Settings
+
+# The access log shows the path without its query string: a client that puts
+# a token in a query string (refused anyway) must not have it written down.
+ACCESS_LOG_FORMAT = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(M)sms'
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """How to serve."""
+
+    host: str
+    port: int
+    workers: int
+    threads: int
+    tls_files: tuple[Path, Path] | None
+
+
+def gunicorn_config(settings: Settings, options: Options) -> dict[str, Any]:
+    """The gunicorn settings for these options."""
+    host = f"[{options.host}]" if ":" in options.host else options.host
+    config: dict[str, Any] = {
+        "bind": [f"{host}:{options.port}"],
+        "workers": options.workers,
+        "worker_class": "gthread",
+        "threads": options.threads,
+        "proc_name": "gateway",
+        "accesslog": "-",
+        "access_log_format": ACCESS_LOG_FORMAT,
+        "errorlog": "-",
+        "loglevel": settings.log_level,
+        "keepalive": 5,
+        "graceful_timeout": 30,
+        # Forwarded headers are trusted only through GATEWAY_PROXY_HOPS, in the
+        # app; gunicorn's own defaults would trust them from loopback.
+        "forwarded_allow_ips": "",
+        "secure_scheme_headers": {},
+        # gunicorn 24+ opens a control socket in the home folder; several
+        # instances on one host would fight over it, and nothing here uses it.
+        "control_socket_disable": True,
+    }
+    if options.tls_files:
+        certfile, keyfile = options.tls_files
+        config["certfile"] = str(certfile)
+        config["keyfile"] = str(keyfile)
+    return config
+
+
+class GatewayServer(BaseApplication):  # type: ignore[misc]
+    """gunicorn, configured in code and loading the gateway app in each worker."""
+
+    def __init__(self, settings: Settings, options: Options) -> None:
+        self._settings = settings
+        self._options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in gunicorn_config(self._settings, self._options).items():
+            if key in self.cfg.settings:  # older gunicorn lacks the newest keys
+                self.cfg.set(key, value)
+
+    def load(self) -> Flask:
+        from gateway.app import create_app
+
+        return create_app(self._settings)
+
+
+def run(settings: Settings, options: Options) -> None:
+    """Serve until stopped."""
+    scheme = "https" if options.tls_files else "http"
+    logging.getLogger("gateway").info(
+        "serving %s on %s://%s:%d", settings.public_url, scheme, options.host, options.port
+    )
+    GatewayServer(settings, options).run()

@@ -1,0 +1,16 @@
+"""The web edge: HTTPS and host enforcement, security headers, errors, health."""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from gateway.settings import Settings
+from gateway.web import errors, headers, https, views
+
+
+def init_app(app: Flask, settings: Settings) -> None:
+    """Install the edge's hooks and routes on the app."""
+    errors.init_app(app)  # first: every later hook may need the request id
+    https.init_app(app, settings)
+    headers.init_app(app, settings)
+    app.register_blueprint(views.blueprint)

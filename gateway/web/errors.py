@@ -1,0 +1,129 @@
+"""Errors: domain errors and HTTP errors become problem+json under /api/ and
+a plain HTML page elsewhere. A 500 shows no stack trace and no internal detail.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any, ClassVar
+
+from flask import Flask, Response, g, jsonify, render_template, request
+from werkzeug.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+PROBLEM_TYPE_PREFIX = "urn:gateway:problem:"
+API_PREFIX = "/api/"
+
+
+def is_api_request() -> bool:
+    """Whether the current request is under the JSON API."""
+    return request.path.startswith(API_PREFIX)
+
+
+class GatewayError(Exception):
+    """A domain error with what a caller needs to understand it.
+
+    Services raise subclasses; the web edge maps them to HTTP. ``detail`` is
+    shown to the caller, so it never holds a secret.
+    """
+
+    status: ClassVar[int] = 400
+    code: ClassVar[str] = "bad-request"
+    title: ClassVar[str] = "Bad request"
+
+    def __init__(self, detail: str | None = None, **extra: Any) -> None:
+        super().__init__(detail or self.title)
+        self.detail = detail or self.title
+        self.extra = extra
+
+    def headers(self) -> dict[str, str]:
+        """Extra response headers (WWW-Authenticate, Retry-After...)."""
+        return {}
+
+
+class HttpsRequired(GatewayError):
+    status = 403
+    code = "https-required"
+    title = "HTTPS required"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "This API is served over HTTPS only; the request came over plain HTTP and was "
+            "not processed. Send it to the https:// URL. If it carried a token, that token "
+            "crossed the network in the clear: rotate it."
+        )
+
+
+def init_app(app: Flask) -> None:
+    """Give every request an id and register the error handlers."""
+    app.before_request(_assign_request_id)
+    app.after_request(_echo_request_id)
+    app.register_error_handler(GatewayError, _handle_domain_error)
+    app.register_error_handler(HTTPException, _handle_http_error)
+    app.register_error_handler(Exception, _handle_unexpected)
+
+
+def problem(
+    status: int, code: str, title: str, detail: str, extra: dict[str, Any] | None = None
+) -> Response:
+    """An RFC 9457 problem response."""
+    body = {
+        "type": PROBLEM_TYPE_PREFIX + code,
+        "title": title,
+        "status": status,
+        "detail": detail,
+        **(extra or {}),
+    }
+    if "request_id" in g:
+        body["request_id"] = g.request_id
+    response = jsonify(body)
+    response.status_code = status
+    response.mimetype = "application/problem+json"
+    return response
+
+
+def _render(status: int, code: str, title: str, detail: str,
+            extra: dict[str, Any] | None = None) -> Response:
+    if is_api_request():
+        return problem(status, code, title, detail, extra)
+    html = render_template("error.html", status=status, title=title, detail=detail,
+                           request_id=g.get("request_id"))
+    return Response(html, status=status, mimetype="text/html")
+
+
+def _assign_request_id() -> None:
+    g.request_id = secrets.token_hex(8)
+
+
+def _echo_request_id(response: Response) -> Response:
+    if "request_id" in g:
+        response.headers["X-Request-Id"] = g.request_id
+    return response
+
+
+def _handle_domain_error(error: GatewayError) -> Response:
+    response = _render(error.status, error.code, error.title, error.detail, error.extra)
+    response.headers.update(error.headers())
+    return response
+
+
+def _handle_http_error(error: HTTPException) -> Response:
+    status = error.code or 500
+    title = error.name
+    code = title.lower().replace(" ", "-")
+    response = _render(status, code, title, error.description or title)
+    for name, value in error.get_headers():
+        if name.lower() not in ("content-type", "content-length"):
+            response.headers[name] = value
+    return response
+
+
+def _handle_unexpected(error: Exception) -> Response:
+    # The full story goes to the log, keyed by request id; the caller gets
+    # nothing that could describe the inside of the gateway.
+    log.exception("unhandled error on %s %s", request.method, request.path)
+    return _render(500, "internal-error", "Internal server error",
+                   "Something went wrong on our side. The request was not completed; "
+                   "you can try again. Quote the request id if you report it.")

@@ -1,0 +1,109 @@
+"""Security headers, defined once as data.
+
+The Content-Security-Policy starts from ``default-src 'none'`` and opens only
+what the portal's pages use; every opening is commented with its reason. A
+view that needs more (the Stripe checkout page posts to Stripe) says so with
+:func:`csp_allow`, so every exception can be found with grep.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import Final, TypeVar
+
+from flask import Flask, Response, current_app, g, request
+
+from gateway.settings import Settings
+
+NONCE: Final = "{nonce}"
+
+CSP: Final[dict[str, tuple[str, ...]]] = {
+    # Nothing loads unless a directive below allows it.
+    "default-src": ("'none'",),
+    # Scripts only when the page marks them with this response's nonce:
+    # no inline handlers, no injected <script>.
+    "script-src": (f"'nonce-{NONCE}'",),
+    # Our own stylesheet; no inline style, so injected markup cannot restyle
+    # the page into a phishing form.
+    "style-src": ("'self'",),
+    # Our own images (logo, icons); no remote pixels that could track users.
+    "img-src": ("'self'",),
+    # Forms post back to the gateway only.
+    "form-action": ("'self'",),
+    # No page of ours may be framed: stops clickjacking of the submit button.
+    "frame-ancestors": ("'none'",),
+    # A <base> tag could re-point every relative link and form.
+    "base-uri": ("'none'",),
+    # No plugins.
+    "object-src": ("'none'",),
+}
+
+STATIC_HEADERS: Final[dict[str, str]] = {
+    # One year, subdomains too: after the first visit a browser never tries http.
+    "Strict-Transport-Security": "max-age=31536000; includeSubDomains",
+    "X-Content-Type-Options": "nosniff",
+    # Elicitation URLs carry ids; no other site learns them from a Referer.
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Resource-Policy": "same-origin",
+    "Permissions-Policy": "camera=(), microphone=(), geolocation=(), payment=()",
+}
+
+# Pages and API answers may hold personal data or secrets: never cached.
+NO_STORE: Final = "no-store"
+# Static files hold nothing private; caching them keeps pages fast.
+STATIC_CACHE: Final = "public, max-age=3600"
+
+View = TypeVar("View", bound=Callable[..., object])
+_EXTRA_ATTRIBUTE: Final = "_csp_extra"
+
+
+def csp_allow(directive: str, *sources: str) -> Callable[[View], View]:
+    """Let one view's responses load or post to ``sources`` under ``directive``."""
+    if directive not in CSP:
+        raise ValueError(f"unknown CSP directive {directive!r}")
+
+    def mark(view: View) -> View:
+        extra: dict[str, tuple[str, ...]] = dict(getattr(view, _EXTRA_ATTRIBUTE, {}))
+        extra[directive] = (*extra.get(directive, ()), *sources)
+        setattr(view, _EXTRA_ATTRIBUTE, extra)
+        return view
+
+    return mark
+
+
+def build_csp(nonce: str, extra: dict[str, tuple[str, ...]] | None = None) -> str:
+    """The policy text for one response."""
+    parts = []
+    for directive, sources in CSP.items():
+        values = (*sources, *(extra or {}).get(directive, ()))
+        parts.append(" ".join((directive, *values)).replace(NONCE, nonce))
+    return "; ".join(parts)
+
+
+def csp_nonce() -> str:
+    """This response's script nonce (templates use it as ``csp_nonce()``)."""
+    if "csp_nonce" not in g:
+        g.csp_nonce = secrets.token_urlsafe(18)
+    nonce: str = g.csp_nonce
+    return nonce
+
+
+def init_app(app: Flask, settings: Settings) -> None:
+    """Add the headers to every response."""
+    app.after_request(_add_headers)
+    app.jinja_env.globals["csp_nonce"] = csp_nonce
+
+
+def _add_headers(response: Response) -> Response:
+    view = current_app.view_functions.get(request.endpoint or "")
+    extra = getattr(view, _EXTRA_ATTRIBUTE, None)
+    response.headers["Content-Security-Policy"] = build_csp(csp_nonce(), extra)
+    for name, value in STATIC_HEADERS.items():
+        response.headers[name] = value
+    is_static = request.endpoint == "static" and response.status_code < 400
+    response.headers["Cache-Control"] = STATIC_CACHE if is_static else NO_STORE
+    if not is_static:
+        response.headers["Pragma"] = "no-cache"
+    return response

@@ -1,0 +1,56 @@
+"""HTTPS only, and only for the configured host names.
+
+A portal page asked for over plain HTTP is redirected (301) to the public
+https origin. An API request over plain HTTP is refused, never redirected: a
+redirect would teach a misconfigured client that http works, and the token
+it sent in the clear is exposed already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final, TypeVar
+
+from flask import Flask, current_app, redirect, request
+from werkzeug.middleware.proxy_fix import ProxyFix
+from werkzeug.wrappers import Response
+
+from gateway.settings import Settings
+from gateway.web.errors import HttpsRequired, is_api_request
+
+View = TypeVar("View", bound=Callable[..., object])
+_PLAIN_HTTP_ATTRIBUTE: Final = "_allows_plain_http"
+
+
+def allow_plain_http(view: View) -> View:
+    """Opt a view out of the HTTPS rule (health probes that carry no data)."""
+    setattr(view, _PLAIN_HTTP_ATTRIBUTE, True)
+    return view
+
+
+def init_app(app: Flask, settings: Settings) -> None:
+    """Trust the configured proxy hops and enforce host and scheme on every request."""
+    # Flask answers 400 to any Host outside this list, which stops DNS
+    # rebinding and poisoned absolute URLs.
+    app.config["TRUSTED_HOSTS"] = list(settings.trusted_hosts)
+    if settings.proxy_hops:
+        hops = settings.proxy_hops
+        app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
+            app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_port=hops
+        )
+    app.before_request(_enforce_https)
+
+
+def _enforce_https() -> Response | None:
+    view = current_app.view_functions.get(request.endpoint or "")
+    if getattr(view, _PLAIN_HTTP_ATTRIBUTE, False):
+        return None
+    # Reading the host runs Flask's TRUSTED_HOSTS check (400 when outside it).
+    request.host  # noqa: B018
+    if request.scheme == "https":
+        return None
+    if is_api_request():
+        raise HttpsRequired()
+    settings: Settings = current_app.extensions["gateway.settings"]
+    target = settings.public_url + request.full_path.rstrip("?")
+    return redirect(target, code=301)
