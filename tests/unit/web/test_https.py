@@ -1,0 +1,70 @@
+"""HTTPS only, configured hosts only; proxies trusted exactly as far as configured."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from flask import Flask
+from flask.testing import FlaskClient
+
+from gateway.app import create_app
+from gateway.settings import Settings
+from tests.conftest import client_for
+
+
+def plain(app: Flask) -> FlaskClient:
+    return client_for(app, "http://gateway.test")
+
+
+def test_page_over_plain_http_is_redirected_to_the_public_origin(app: Flask) -> None:
+    response = plain(app).get("/e/abc?x=1")
+    assert response.status_code == 301
+    assert response.headers["Location"] == "https://gateway.test/e/abc?x=1"
+
+
+def test_api_over_plain_http_is_refused_not_redirected(app: Flask) -> None:
+    response = plain(app).post("/api/v1/elicitations", json={})
+    assert response.status_code == 403
+    assert "Location" not in response.headers
+    assert response.mimetype == "application/problem+json"
+    body = response.get_json()
+    assert body["type"] == "urn:gateway:problem:https-required"
+    assert "rotate" in body["detail"]
+
+
+def test_health_probes_answer_over_plain_http(app: Flask) -> None:
+    assert plain(app).get("/healthz").status_code == 200
+
+
+def test_foreign_host_gets_400(client: FlaskClient) -> None:
+    response = client.get("/", headers={"Host": "evil.example"})
+    assert response.status_code == 400
+    assert response.mimetype == "text/html"
+
+
+def test_foreign_host_on_the_api_gets_a_problem(client: FlaskClient) -> None:
+    response = client.get("/api/v1/elicitations", headers={"Host": "evil.example"})
+    assert response.status_code == 400
+    assert response.mimetype == "application/problem+json"
+
+
+def test_allowed_hosts_are_accepted_with_any_port(make_settings: Callable[..., Settings]) -> None:
+    app = create_app(make_settings(GATEWAY_ALLOWED_HOSTS="10.1.2.3"))
+    client = client_for(app, "https://10.1.2.3:8443")
+    assert client.get("/").status_code == 200
+
+
+def test_forwarded_proto_is_ignored_without_proxy_hops(app: Flask) -> None:
+    response = plain(app).get("/", headers={"X-Forwarded-Proto": "https"})
+    assert response.status_code == 301
+
+
+def test_forwarded_headers_are_trusted_for_the_configured_hops(
+    make_settings: Callable[..., Settings],
+) -> None:
+    app = create_app(make_settings(GATEWAY_PROXY_HOPS="1"))
+    client = plain(app)
+    assert client.get("/", headers={"X-Forwarded-Proto": "https"}).status_code == 200
+    assert client.get("/", headers={"X-Forwarded-Proto": "http"}).status_code == 301
+    forged_host = {"X-Forwarded-Proto": "https", "X-Forwarded-Host": "evil.example"}
+    assert client.get("/", headers=forged_host).status_code == 400
