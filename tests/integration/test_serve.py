@@ -1,0 +1,163 @@
+"""``gateway serve``: real gunicorn, real TLS, the headers a browser sees."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import ssl
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from gateway.serving.tls import dev_certificate_paths, make_self_signed
+from tests.integration.conftest import Result, Server, tls_context
+
+pytestmark = pytest.mark.slow
+
+
+def get(server: Server, path: str, context: ssl.SSLContext | None,
+        headers: dict[str, str] | None = None,
+        method: str = "GET") -> http.client.HTTPResponse:
+    connection: http.client.HTTPConnection
+    if context is None:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    else:
+        connection = http.client.HTTPSConnection("localhost", server.port, timeout=10,
+                                                 context=context)
+    connection.request(method, path, headers={"Host": "localhost", **(headers or {})})
+    response = connection.getresponse()
+    response.read()
+    connection.close()
+    return response
+
+
+def test_healthz_over_tls_with_the_generated_certificate(
+    start_server: Callable[..., Server], instance_path: Path,
+) -> None:
+    server = start_server()
+    certfile, keyfile = dev_certificate_paths(instance_path)
+    assert stat.S_IMODE(keyfile.stat().st_mode) == 0o600
+    names = x509.load_pem_x509_certificate(certfile.read_bytes()).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    assert "localhost" in names.get_values_for_type(x509.DNSName)
+    assert "127.0.0.1" in {str(a) for a in names.get_values_for_type(x509.IPAddress)}
+
+    response = get(server, "/healthz", tls_context(certfile))
+    assert response.status == 200
+    headers = response.headers
+    assert headers["Strict-Transport-Security"] == "max-age=31536000; includeSubDomains"
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert headers["Referrer-Policy"] == "no-referrer"
+    assert headers["Cache-Control"] == "no-store"
+    csp = headers["Content-Security-Policy"]
+    for directive in ("default-src 'none'", "object-src 'none'", "base-uri 'none'",
+                      "frame-ancestors 'none'", "form-action 'self'", "script-src 'nonce-"):
+        assert directive in csp
+
+    assert get(server, "/readyz", tls_context(certfile)).status == 200
+    assert get(server, "/", tls_context(certfile), {"Host": "evil.example"}).status == 400
+    assert '"GET /healthz HTTP/1.1" 200' in server.output()
+
+
+def test_the_certificate_is_reused_on_the_next_start(
+    start_server: Callable[..., Server], instance_path: Path,
+) -> None:
+    start_server().process.terminate()
+    certfile, _ = dev_certificate_paths(instance_path)
+    first = certfile.read_bytes()
+    start_server()
+    assert certfile.read_bytes() == first
+
+
+def test_plain_http_is_not_served_on_the_tls_port(
+    start_server: Callable[..., Server], instance_path: Path,
+) -> None:
+    server = start_server()
+    with pytest.raises((http.client.HTTPException, ConnectionError, OSError)):
+        response = get(server, "/api/v1/elicitations", None)
+        assert response.status != 200
+
+
+def test_behind_a_proxy_plain_http_pages_redirect_and_the_api_refuses(
+    start_server: Callable[..., Server], cli_environ: dict[str, str],
+) -> None:
+    server = start_server("--no-tls", env={**cli_environ, "GATEWAY_PROXY_HOPS": "1"})
+    forwarded_http = {"X-Forwarded-Proto": "http", "X-Forwarded-For": "203.0.113.9"}
+    page = get(server, "/e/abc?x=1", None, forwarded_http)
+    assert page.status == 301
+    assert page.headers["Location"] == "https://localhost:8443/e/abc?x=1"
+    api = get(server, "/api/v1/elicitations", None, forwarded_http, method="POST")
+    assert api.status == 403
+    assert api.headers["Content-Type"] == "application/problem+json"
+    assert "Location" not in api.headers
+    forwarded_https = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.9"}
+    assert get(server, "/", None, forwarded_https).status == 200
+    assert get(server, "/", None, {}).status == 301
+
+
+def test_no_tls_without_a_proxy_is_refused(run_gateway: Callable[..., Result]) -> None:
+    result = run_gateway("serve", "--no-tls")
+    assert result.code == 1
+    assert "GATEWAY_PROXY_HOPS" in result.stderr
+
+
+def test_port_in_use_stops_with_one_line(run_gateway: Callable[..., Result]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_gateway("serve", "--port", str(port))
+    assert result.code == 1
+    assert result.stderr.strip() == f"Error: port {port} on 127.0.0.1 is already in use"
+
+
+def test_missing_certificate_file_stops_with_one_line(run_gateway: Callable[..., Result],
+                                                      tmp_path: Path) -> None:
+    result = run_gateway("serve", "--certfile", str(tmp_path / "nope.pem"),
+                         "--keyfile", str(tmp_path / "nope-key.pem"))
+    assert result.code == 1
+    assert result.stderr.strip() == f"Error: certificate file {tmp_path / 'nope.pem'} " \
+        "does not exist"
+
+
+def test_key_file_readable_by_others_stops(run_gateway: Callable[..., Result],
+                                           tmp_path: Path) -> None:
+    cert, key = make_self_signed(("localhost",), ())
+    (tmp_path / "cert.pem").write_bytes(cert)
+    (tmp_path / "key.pem").write_bytes(key)
+    (tmp_path / "key.pem").chmod(0o644)
+    result = run_gateway("serve", "--certfile", str(tmp_path / "cert.pem"),
+                         "--keyfile", str(tmp_path / "key.pem"))
+    assert result.code == 1
+    assert "is readable by group or others (mode 0644); run: chmod 600" in result.stderr
+
+
+def test_configured_certificate_is_used(start_server: Callable[..., Server], tmp_path: Path,
+                                        cli_environ: dict[str, str]) -> None:
+    cert, key = make_self_signed(("localhost",), ("127.0.0.1",))
+    (tmp_path / "cert.pem").write_bytes(cert)
+    (tmp_path / "key.pem").write_bytes(key)
+    (tmp_path / "key.pem").chmod(0o600)
+    env = {**cli_environ, "GATEWAY_TLS_CERTFILE": str(tmp_path / "cert.pem"),
+           "GATEWAY_TLS_KEYFILE": str(tmp_path / "key.pem")}
+    server = start_server(env=env)
+    assert get(server, "/healthz", tls_context(tmp_path / "cert.pem")).status == 200
+
+
+def test_a_public_host_without_a_certificate_is_refused(run_gateway: Callable[..., Result],
+                                                        cli_environ: dict[str, str]) -> None:
+    env = {**cli_environ, "GATEWAY_PUBLIC_URL": "https://portal.example.com"}
+    result = run_gateway("serve", env=env)
+    assert result.code == 1
+    assert "no TLS certificate for portal.example.com" in result.stderr
+
+
+def test_an_unmigrated_database_is_refused(run_gateway: Callable[..., Result],
+                                           cli_environ: dict[str, str],
+                                           empty_database_url: str) -> None:
+    result = run_gateway("serve", env={**cli_environ, "GATEWAY_DATABASE_URL": empty_database_url})
+    assert result.code == 1
+    assert "run `gateway db upgrade` first" in result.stderr
