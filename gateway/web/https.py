@@ -23,7 +23,10 @@ _PLAIN_HTTP_ATTRIBUTE: Final = "_allows_plain_http"
 
 
 def allow_plain_http(view: View) -> View:
-    """Opt a view out of the HTTPS rule (health probes that carry no data)."""
+    """Opt a view out of the HTTPS and host rules (health probes that carry no data).
+
+    Load balancers probe backends directly, by address and over plain HTTP.
+    """
     setattr(view, _PLAIN_HTTP_ATTRIBUTE, True)
     return view
 

@@ -40,8 +40,8 @@ def test_healthz_over_tls_with_the_generated_certificate(
     server = start_server()
     certfile, keyfile = dev_certificate_paths(instance_path)
     assert stat.S_IMODE(keyfile.stat().st_mode) == 0o600
-    names = x509.load_pem_x509_certificate(certfile.read_bytes()).extensions.get_extension_for_class(
-        x509.SubjectAlternativeName).value
+    certificate = x509.load_pem_x509_certificate(certfile.read_bytes())
+    names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "localhost" in names.get_values_for_type(x509.DNSName)
     assert "127.0.0.1" in {str(a) for a in names.get_values_for_type(x509.IPAddress)}
 
@@ -76,9 +76,9 @@ def test_plain_http_is_not_served_on_the_tls_port(
     start_server: Callable[..., Server], instance_path: Path,
 ) -> None:
     server = start_server()
+    # Nothing answers in plain HTTP on the TLS port: the handshake fails.
     with pytest.raises((http.client.HTTPException, ConnectionError, OSError)):
-        response = get(server, "/api/v1/elicitations", None)
-        assert response.status != 200
+        get(server, "/api/v1/elicitations", None)
 
 
 def test_behind_a_proxy_plain_http_pages_redirect_and_the_api_refuses(
