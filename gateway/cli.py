@@ -15,12 +15,13 @@ from gateway import __version__
 from gateway.files import FileError
 from gateway.settings import Settings, SettingsError, load_settings
 
-# Commands of each feature, as "module:attribute". A feature adds its line here.
-FEATURE_COMMANDS: Final = (
-    "gateway.instance:init",
-    "gateway.serving.cli:serve",
-    "gateway.migrations.cli:db",
-)
+# Commands of each feature, as name → "module:attribute". A feature adds its
+# line here; its module is imported only when the command runs.
+FEATURE_COMMANDS: Final = {
+    "init": "gateway.instance:init",
+    "serve": "gateway.serving.cli:serve",
+    "db": "gateway.migrations.cli:db",
+}
 
 
 def fail(message: str) -> NoReturn:
@@ -42,16 +43,22 @@ def settings() -> Settings:
     return result
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class FeatureGroup(click.Group):
+    """The top-level group, loading each feature's commands on demand."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(FEATURE_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        spec = FEATURE_COMMANDS.get(cmd_name)
+        if spec is None:
+            return None
+        module_name, attribute = spec.split(":")
+        command: click.Command = getattr(importlib.import_module(module_name), attribute)
+        return command
+
+
+@click.group(cls=FeatureGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gateway")
 def main() -> None:
     """Secure entry portal for MCP URL-mode elicitations."""
-
-
-def _register_features() -> None:
-    for spec in FEATURE_COMMANDS:
-        module_name, attribute = spec.split(":")
-        main.add_command(getattr(importlib.import_module(module_name), attribute))
-
-
-_register_features()

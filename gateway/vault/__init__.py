@@ -1,0 +1,1 @@
+"""The vault: a versioned keyring and envelope encryption of every secret read back."""
