@@ -17,19 +17,22 @@ from sqlalchemy import Engine
 HERE = Path(__file__).parent
 
 
-def alembic_config(engine: Engine) -> Config:
-    """An Alembic config bound to the engine."""
+def _base_config() -> Config:
     config = Config()
     config.set_main_option("script_location", str(HERE))
+    return config
+
+
+def alembic_config(engine: Engine) -> Config:
+    """An Alembic config bound to the engine."""
+    config = _base_config()
     config.attributes["engine"] = engine
     return config
 
 
 @cache
 def _script_directory() -> ScriptDirectory:
-    config = Config()
-    config.set_main_option("script_location", str(HERE))
-    return ScriptDirectory.from_config(config)
+    return ScriptDirectory.from_config(_base_config())
 
 
 def head_revisions() -> set[str]:
