@@ -7,15 +7,22 @@ from flask_wtf.csrf import CSRFProtect
 
 from gateway import db, resources, web
 from gateway.clock import Clock, SystemClock
+from gateway.elicitations import api as elicitations_api
+from gateway.elicitations.waiting import DEFAULT_SLOTS, WaitHub
 from gateway.settings import Settings, load_settings
+from gateway.web import api, openapi, ratelimit
 
 MAX_REQUEST_BYTES = 64 * 1024
 
 csrf = CSRFProtect()
 
 
-def create_app(settings: Settings | None = None, *, clock: Clock | None = None) -> Flask:
-    """Build the gateway app from settings (read from the environment when not given)."""
+def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
+               wait_slots: int = DEFAULT_SLOTS) -> Flask:
+    """Build the gateway app from settings (read from the environment when not given).
+
+    ``wait_slots`` is how many threads of each process long-polls may hold.
+    """
     settings = settings or load_settings()
     app = Flask(
         "gateway",
@@ -44,4 +51,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     db.init_app(app, settings.database_url)
     csrf.init_app(app)
     web.init_app(app, settings)
+    ratelimit.init_app(app, settings)
+    api.init_app(app, settings, [elicitations_api.blueprint, openapi.blueprint])
+    app.extensions["gateway.waits"] = WaitHub(db.engine_of(app), slots=wait_slots)
     return app

@@ -6,12 +6,19 @@ and which setting or file to look at, and a non-zero exit.
 
 from __future__ import annotations
 
+import getpass
 import importlib
-from typing import Final, NoReturn
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Final, NoReturn
 
 import click
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
 
 from gateway import __version__
+from gateway.errors import GatewayError
 from gateway.files import FileError
 from gateway.settings import Settings, SettingsError, load_settings
 
@@ -20,7 +27,10 @@ from gateway.settings import Settings, SettingsError, load_settings
 FEATURE_COMMANDS: Final = {
     "init": "gateway.instance:init",
     "serve": "gateway.serving.cli:serve",
+    "worker": "gateway.worker:worker",
     "db": "gateway.migrations.cli:db",
+    "clients": "gateway.clients.cli:clients",
+    "elicitations": "gateway.elicitations.cli:elicitations",
 }
 
 
@@ -41,6 +51,64 @@ def settings() -> Settings:
         context.meta["gateway.settings"] = cached
     result: Settings = cached
     return result
+
+
+def operator() -> str:
+    """The audit trail's name for whoever runs this command."""
+    return f"operator:{getpass.getuser()}"
+
+
+@contextmanager
+def transaction() -> Iterator[Session]:
+    """One transaction on the configured database; domain errors become one line."""
+    from gateway.db import make_engine
+
+    engine = make_engine(settings().database_url)
+    session = sessionmaker(engine, expire_on_commit=False)()
+    try:
+        yield session
+        session.commit()
+    except GatewayError as error:
+        session.rollback()
+        fail(error.detail)
+    except SQLAlchemyError as error:
+        session.rollback()
+        fail(f"database error ({error.__class__.__name__}); is the schema current? "
+             "run `gateway db upgrade`")
+    finally:
+        session.close()
+        engine.dispose()
+
+
+def echo_json(value: Any) -> None:
+    """Print a value as indented JSON, for scripts."""
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def echo_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    """Print rows as an aligned table with a header, or say there are none."""
+    if not rows:
+        click.echo("(none)")
+        return
+    cells = [[cell(row.get(column)) for column in columns] for row in rows]
+    widths = [max(len(column), *(len(line[i]) for line in cells))
+              for i, column in enumerate(columns)]
+    click.secho("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))
+                .rstrip(),
+                bold=True)
+    for line in cells:
+        click.echo("  ".join(value.ljust(w) for value, w in zip(line, widths, strict=True))
+                   .rstrip())
+
+
+def cell(value: Any) -> str:
+    """A value as one printable line of a table."""
+    if value is None:
+        return "-"
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value) or "-"
+    # One line per row, and no terminal control sequences from what clients sent.
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(value))
 
 
 class FeatureGroup(click.Group):

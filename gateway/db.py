@@ -86,7 +86,12 @@ def init_app(app: Flask, database_url: str) -> None:
 
 def engine() -> Engine:
     """The engine of the current app."""
-    result: Engine = current_app.extensions["gateway.engine"]
+    return engine_of(current_app)
+
+
+def engine_of(app: Flask) -> Engine:
+    """The engine of ``app``."""
+    result: Engine = app.extensions["gateway.engine"]
     return result
 
 

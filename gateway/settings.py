@@ -74,6 +74,7 @@ class Settings:
     tls_keyfile: Path | None = None
     ratelimit_storage_url: str = "memory://"
     ratelimit_api: str = "600/minute"
+    ratelimit_api_ip: str = "3000/minute"
     ratelimit_login: str = "10 per 15 minutes"
     encryption_keys: Secret | None = None
     login_backend: str = "local"
@@ -85,6 +86,7 @@ class Settings:
     stripe_api_base: str | None = None
     outbound_allow_insecure_hosts: tuple[str, ...] = ()
     log_level: str = "info"
+    credential_types_file: Path | None = None
 
     @property
     def public_host(self) -> str:

@@ -63,6 +63,11 @@ def gunicorn_config(settings: Settings, options: Options) -> dict[str, Any]:
     return config
 
 
+def wait_slots(threads: int) -> int:
+    """How many of a worker's threads long-polls may hold; the rest serve everything else."""
+    return max(1, threads - max(4, threads // 4))
+
+
 class GatewayServer(BaseApplication):  # type: ignore[misc]
     """gunicorn, configured in code and loading the gateway app in each worker."""
 
@@ -79,7 +84,7 @@ class GatewayServer(BaseApplication):  # type: ignore[misc]
     def load(self) -> Flask:
         from gateway.app import create_app
 
-        return create_app(self._settings)
+        return create_app(self._settings, wait_slots=wait_slots(self._options.threads))
 
 
 def run(settings: Settings, options: Options) -> None:

@@ -6,41 +6,23 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Any, ClassVar
+from typing import Any
 
 from flask import Flask, Response, g, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
+
+from gateway.errors import GatewayError
 
 log = logging.getLogger(__name__)
 
 PROBLEM_TYPE_PREFIX = "urn:gateway:problem:"
 API_PREFIX = "/api/"
+_STANDARD_MEMBERS = frozenset({"type", "title", "status", "detail", "instance", "request_id"})
 
 
 def is_api_request() -> bool:
     """Whether the current request is under the JSON API."""
     return request.path.startswith(API_PREFIX)
-
-
-class GatewayError(Exception):
-    """A domain error with what a caller needs to understand it.
-
-    Services raise subclasses; the web edge maps them to HTTP. ``detail`` is
-    shown to the caller, so it never holds a secret.
-    """
-
-    status: ClassVar[int] = 400
-    code: ClassVar[str] = "bad-request"
-    title: ClassVar[str] = "Bad request"
-
-    def __init__(self, detail: str | None = None, **extra: Any) -> None:
-        super().__init__(detail or self.title)
-        self.detail = detail or self.title
-        self.extra = extra
-
-    def headers(self) -> dict[str, str]:
-        """Extra response headers (WWW-Authenticate, Retry-After...)."""
-        return {}
 
 
 class HttpsRequired(GatewayError):
@@ -74,7 +56,8 @@ def problem(
         "title": title,
         "status": status,
         "detail": detail,
-        **(extra or {}),
+        # Extension members never replace the standard ones.
+        **{k: v for k, v in (extra or {}).items() if k not in _STANDARD_MEMBERS},
     }
     if "request_id" in g:
         body["request_id"] = g.request_id

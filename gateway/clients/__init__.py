@@ -1,0 +1,1 @@
+"""MCP servers registered with the gateway: their API tokens and webhook endpoints."""

@@ -1,0 +1,227 @@
+"""Registering MCP servers, minting and revoking their tokens, authenticating them.
+
+Every change is one transaction with its audit row. Secrets are returned to
+the caller once, when minted, and stored only as a keyed digest (API tokens)
+or sealed by the vault (webhook secrets, which the gateway must read back to
+sign deliveries).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final
+from urllib.parse import urlsplit
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from gateway.audit import service as audit
+from gateway.clients.models import ApiToken, Client, WebhookSecret
+from gateway.clock import Clock
+from gateway.credentials.catalog import Catalog
+from gateway.errors import Conflict, GatewayError, InvalidInput, NotFound
+from gateway.settings import Secret
+from gateway.tokens import keyed_digest, new_id, new_token, token_hint
+from gateway.vault.envelope import bind, reveal_plaintext, seal
+from gateway.vault.keyring import Keyring
+
+API_TOKEN_PREFIX: Final = "gw_"  # noqa: S105  (a prefix, not a secret)
+WEBHOOK_SECRET_PREFIX: Final = "whsec_"  # noqa: S105  (a prefix, not a secret)
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,99}")
+
+
+class Unauthenticated(GatewayError):
+    """No token, or one that matches no live token of an active client."""
+
+    status = 401
+    code = "unauthenticated"
+    title = "Unauthenticated"
+
+    def __init__(self, detail: str, *, error: str | None = "invalid_token") -> None:
+        super().__init__(detail)
+        self.error = error
+
+    def headers(self) -> dict[str, str]:
+        # RFC 6750 section 3: a request without credentials gets no error code.
+        challenge = 'Bearer realm="gateway"'
+        if self.error:
+            challenge += f', error="{self.error}"'
+        return {"WWW-Authenticate": challenge}
+
+
+@dataclass(frozen=True, slots=True)
+class Minted:
+    """A new client and the secrets shown to the operator this once."""
+
+    client: Client
+    api_token: str
+    webhook_secret: str
+
+
+def create_client(
+    session: Session, clock: Clock, *, keyring: Keyring, pepper: Secret, catalog: Catalog,
+    name: str, webhook_url: str | None, credential_types: list[str], actor: str,
+    insecure_hosts: tuple[str, ...] = (),
+) -> Minted:
+    """Register an MCP server with one API token and one webhook secret."""
+    check_name(name)
+    if webhook_url is not None:
+        check_webhook_url(webhook_url, insecure_hosts)
+    for type_id in credential_types:
+        if type_id not in catalog:
+            raise InvalidInput(f"unknown credential type {type_id!r}; "
+                               f"the catalog has {', '.join(catalog.ids)}")
+    if session.scalar(select(Client.id).where(Client.name == name)) is not None:
+        raise Conflict(f"a client named {name!r} exists already")
+    now = clock.now()
+    client = Client(id=new_id("cl_"), name=name, status="active", webhook_url=webhook_url,
+                    credential_types=sorted(set(credential_types)), created_at=now)
+    session.add(client)
+    token = _add_token(session, client, pepper, now)
+    webhook_secret = _add_webhook_secret(session, client, keyring, now)
+    audit.record(session, clock, actor=actor, action="client.created", target=client.id,
+                 details={"name": name, "webhook_url": webhook_url,
+                          "credential_types": client.credential_types})
+    _flush_unique(session, f"a client named {name!r} exists already")
+    return Minted(client, token, webhook_secret)
+
+
+def rotate_token(session: Session, clock: Clock, *, pepper: Secret, client_ref: str,
+                 actor: str) -> tuple[ApiToken, str]:
+    """Add a live token to a client; the old ones stay live until revoked."""
+    client = get_client(session, client_ref)
+    token = _add_token(session, client, pepper, clock.now())
+    record = client.tokens[-1]
+    audit.record(session, clock, actor=actor, action="client.token_added", target=client.id,
+                 details={"token_id": record.id, "hint": record.hint})
+    return record, token
+
+
+def revoke_token(session: Session, clock: Clock, *, client_ref: str, token_id: str,
+                 actor: str) -> ApiToken:
+    """End one token of a client at once."""
+    client = get_client(session, client_ref)
+    record = next((t for t in client.tokens if t.id == token_id), None)
+    if record is None:
+        raise NotFound(f"client {client.id} has no token {token_id!r}")
+    if not record.live:
+        raise Conflict(f"token {token_id} was revoked already")
+    record.revoked_at = clock.now()
+    audit.record(session, clock, actor=actor, action="client.token_revoked", target=client.id,
+                 details={"token_id": record.id, "hint": record.hint})
+    return record
+
+
+def disable_client(session: Session, clock: Clock, *, client_ref: str, actor: str) -> Client:
+    """Stop a client: its tokens stop working; its records stay for the audit trail."""
+    client = get_client(session, client_ref)
+    if not client.active:
+        raise Conflict(f"client {client.id} is disabled already")
+    client.status = "disabled"
+    client.disabled_at = clock.now()
+    audit.record(session, clock, actor=actor, action="client.disabled", target=client.id)
+    return client
+
+
+def get_client(session: Session, client_ref: str) -> Client:
+    """A client by id or by name."""
+    client = session.get(Client, client_ref) or session.scalar(
+        select(Client).where(Client.name == client_ref))
+    if client is None:
+        raise NotFound(f"no client with id or name {client_ref!r}")
+    return client
+
+
+def list_clients(session: Session) -> list[Client]:
+    """Every client, oldest first."""
+    return list(session.scalars(select(Client).order_by(Client.created_at, Client.id)))
+
+
+def authenticate(session: Session, token_digest: str | None) -> Client:
+    """The active client holding the live token with this keyed digest."""
+    if token_digest is None:
+        raise Unauthenticated("send the client's API token as `Authorization: Bearer gw_…`",
+                              error=None)
+    # The lookup is by digest: no stored token is ever compared with the
+    # presented one, so there is no timing difference to measure.
+    row = session.execute(
+        select(Client, ApiToken.revoked_at)
+        .join(ApiToken, ApiToken.client_id == Client.id)
+        .where(ApiToken.digest == token_digest)
+    ).first()
+    if row is None or row.revoked_at is not None:
+        raise Unauthenticated("the API token is not valid: unknown or revoked")
+    client: Client = row.Client
+    if not client.active:
+        raise Unauthenticated("this client is disabled; ask the gateway's operator")
+    return client
+
+
+def current_webhook_secrets(session: Session, clock: Clock, keyring: Keyring,
+                            client: Client) -> list[str]:
+    """The secrets deliveries are signed with now: the current one, then any in grace."""
+    now = clock.now()
+    rows = session.scalars(
+        select(WebhookSecret).where(WebhookSecret.client_id == client.id)
+        .order_by(WebhookSecret.created_at.desc())
+    )
+    return [
+        reveal_plaintext(keyring, row.envelope, _webhook_secret_binding(row)).decode()
+        for row in rows if row.retires_at is None or row.retires_at > now
+    ]
+
+
+def check_name(name: str) -> None:
+    """Refuse names that would not print cleanly on a page or in a table."""
+    if not _NAME.fullmatch(name):
+        raise InvalidInput("a client name is 1 to 100 letters, digits, spaces, '.', '_' or '-', "
+                           "starting with a letter or digit")
+
+
+def check_webhook_url(url: str, insecure_hosts: tuple[str, ...] = ()) -> None:
+    """Webhook URLs are https, with a host and no credentials in them.
+
+    Plain http only for a ``host:port`` the operator listed in
+    GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS (development receivers).
+    """
+    parts = urlsplit(url)
+    if not parts.hostname or parts.scheme not in ("https", "http"):
+        raise InvalidInput(f"webhook URL must be an https:// URL, got {url!r}")
+    if parts.scheme == "http" and f"{parts.hostname}:{parts.port or 80}" not in insecure_hosts:
+        raise InvalidInput("webhook URL must be https://; plain http is allowed only for hosts "
+                           "in GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS")
+    if parts.username or parts.password:
+        raise InvalidInput("webhook URL must not carry a user name or password")
+    if parts.fragment:
+        raise InvalidInput("webhook URL must not have a #fragment")
+
+
+def _add_token(session: Session, client: Client, pepper: Secret, now: datetime) -> str:
+    token = new_token(API_TOKEN_PREFIX)
+    client.tokens.append(ApiToken(id=new_id("tok_", 9), digest=keyed_digest(pepper, token),
+                                  hint=token_hint(token), created_at=now))
+    return token
+
+
+def _add_webhook_secret(session: Session, client: Client, keyring: Keyring, now: datetime) -> str:
+    secret = WEBHOOK_SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
+    row = WebhookSecret(id=new_id("whs_", 9), client_id=client.id, created_at=now)
+    row.envelope = seal(keyring, secret.encode(), _webhook_secret_binding(row))
+    session.add(row)
+    return secret
+
+
+def _webhook_secret_binding(row: WebhookSecret) -> bytes:
+    return bind(purpose="webhook_secret", id=row.id, client_id=row.client_id)
+
+
+def _flush_unique(session: Session, message: str) -> None:
+    try:
+        session.flush()
+    except IntegrityError:
+        raise Conflict(message) from None

@@ -1,0 +1,1 @@
+"""Credentials users hand over: the type catalog, capture, retrieval."""

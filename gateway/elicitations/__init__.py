@@ -1,0 +1,1 @@
+"""The elicitation lifecycle: state machine, API routes, and (later) portal pages."""

@@ -1,0 +1,153 @@
+"""``/api/v1/elicitations``: create, read (with long-poll), list, cancel."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Final
+
+from flask import Blueprint, Response, current_app, jsonify, request
+from sqlalchemy.exc import IntegrityError
+
+from gateway import db
+from gateway.clock import Clock
+from gateway.credentials.catalog import current_catalog
+from gateway.elicitations import service
+from gateway.elicitations.lifecycle import TERMINAL, Status
+from gateway.elicitations.models import Elicitation
+from gateway.elicitations.schemas import create_adapter
+from gateway.elicitations.waiting import WaitHub
+from gateway.errors import InvalidInput
+from gateway.settings import Settings
+from gateway.web.api import current_client, json_body
+
+blueprint = Blueprint("elicitations", __name__, url_prefix="/elicitations")
+
+MAX_WAIT_SECONDS: Final = 60
+DEFAULT_PAGE: Final = 50
+_IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,4}")
+_STATUSES: Final = frozenset(s.value for s in Status)
+_KINDS: Final = frozenset({"api_key", "payment"})
+
+
+def _settings() -> Settings:
+    settings: Settings = current_app.extensions["gateway.settings"]
+    return settings
+
+
+def _clock() -> Clock:
+    clock: Clock = current_app.extensions["gateway.clock"]
+    return clock
+
+
+def _caller() -> service.Caller:
+    return service.Caller(current_client(), request.remote_addr)
+
+
+def _answer(elicitation: Elicitation, status: int = 200) -> tuple[Response, int]:
+    now = _clock().now()
+    return jsonify(service.represent(elicitation, _settings().public_url, now)), status
+
+
+@blueprint.post("")
+def create() -> tuple[Response, int]:
+    """Create an elicitation for one of the client's users."""
+    body = json_body(create_adapter)
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not _IDEMPOTENCY_KEY.fullmatch(key):
+        raise InvalidInput("Idempotency-Key is 1 to 255 visible ASCII characters",
+                           field="Idempotency-Key")
+    settings = _settings()
+    for attempt in (1, 2):
+        try:
+            with db.transaction() as session:
+                outcome = service.create(
+                    session, _clock(), _caller(), body, catalog=current_catalog(),
+                    payments_enabled=settings.stripe_secret_key is not None,
+                    public_url=settings.public_url, idempotency_key=key,
+                    request_digest=service.request_digest(request.get_data(cache=True)),
+                )
+            break
+        except IntegrityError:
+            # Two requests with the same Idempotency-Key raced and the other
+            # committed first; the second attempt replays its answer.
+            if attempt == 2 or key is None:
+                raise
+    response = jsonify(outcome.body)
+    if outcome.status_code == 201:
+        response.headers["Location"] = f"{request.path}/{outcome.body['id']}"
+    return response, outcome.status_code
+
+
+@blueprint.get("/<elicitation_id>")
+def read(elicitation_id: str) -> tuple[Response, int]:
+    """One elicitation; with ``?wait=N``, held until it ends or N seconds pass."""
+    wait = _wait_seconds()
+    client = current_client()
+    with db.transaction() as session:
+        elicitation = service.get(session, _clock(), client, elicitation_id)
+    if wait and elicitation.status not in TERMINAL:
+        _hold(elicitation, wait)
+        with db.transaction() as session:
+            elicitation = service.get(session, _clock(), client, elicitation_id)
+    return _answer(elicitation)
+
+
+def _hold(elicitation: Elicitation, wait: float) -> None:
+    # The database connection goes back to the pool while this thread waits.
+    db.session().close()
+    until_expiry = (elicitation.expires_at - _clock().now()).total_seconds()
+    hub: WaitHub = current_app.extensions["gateway.waits"]
+    hub.wait(elicitation.id, min(wait, max(until_expiry, 0)))
+
+
+def _wait_seconds() -> float:
+    raw = request.args.get("wait")
+    if raw is None:
+        return 0
+    if not _WHOLE_NUMBER.fullmatch(raw) or int(raw) > MAX_WAIT_SECONDS:
+        raise InvalidInput(f"wait is a whole number of seconds from 0 to {MAX_WAIT_SECONDS}",
+                           field="wait")
+    return int(raw)
+
+
+@blueprint.get("")
+def list_elicitations() -> Response:
+    """The client's elicitations, newest first, filtered and paged by cursor."""
+    filters = service.Filters(
+        status=_choice("status", _STATUSES), kind=_choice("kind", _KINDS),
+        subject_iss=request.args.get("subject_iss"), subject_sub=request.args.get("subject_sub"))
+    limit = _limit()
+    with db.transaction() as session:
+        page, next_cursor = service.list_page(session, _clock(), current_client().id, filters,
+                                              request.args.get("cursor"), limit)
+        now: datetime = _clock().now()
+        items = [service.represent(e, _settings().public_url, now) for e in page]
+    return jsonify(items=items, next_cursor=next_cursor)
+
+
+def _choice(name: str, allowed: frozenset[str]) -> str | None:
+    value = request.args.get(name)
+    if value is not None and value not in allowed:
+        raise InvalidInput(f"{name} must be one of {', '.join(sorted(allowed))}", field=name)
+    return value
+
+
+def _limit() -> int:
+    raw = request.args.get("limit", str(DEFAULT_PAGE))
+    if not _WHOLE_NUMBER.fullmatch(raw) or not 1 <= int(raw) <= service.MAX_PAGE:
+        raise InvalidInput(f"limit is a whole number from 1 to {service.MAX_PAGE}",
+                           field="limit")
+    return int(raw)
+
+
+@blueprint.post("/<elicitation_id>/cancel")
+def cancel(elicitation_id: str) -> tuple[Response, int]:
+    """Cancel an open elicitation; its link stops working."""
+    caller = _caller()
+    with db.transaction() as session:
+        elicitation = service.get(session, _clock(), caller.client, elicitation_id)
+        service.cancel(session, _clock(), elicitation, actor=caller.actor,
+                       source_ip=caller.source_ip)
+    return _answer(elicitation)

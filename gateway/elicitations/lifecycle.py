@@ -1,0 +1,101 @@
+"""The state machine of an elicitation, enforced in one place.
+
+    pending ──open──▶ opened ──submit/paid──▶ completed
+       │                │ ├──decline────────▶ declined
+       │                │ └──payment failed─▶ failed
+       └──── TTL passes / client cancels ────▶ expired / cancelled
+
+Each transition is one conditional UPDATE (``WHERE status = <the status we
+read>``) in the caller's transaction, with its audit row, and a change signal
+that wakes long-polls everywhere once the transaction commits. Two requests
+racing to end the same elicitation cannot both win: the loser's UPDATE
+matches no row and it gets a conflict.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Final
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
+
+from gateway import changes
+from gateway.audit import service as audit
+from gateway.clock import Clock
+from gateway.elicitations.models import Elicitation
+from gateway.errors import Conflict
+
+
+class Status(StrEnum):
+    PENDING = "pending"
+    OPENED = "opened"
+    COMPLETED = "completed"
+    DECLINED = "declined"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+OPEN: Final = frozenset({Status.PENDING, Status.OPENED})
+TERMINAL: Final = frozenset(Status) - OPEN
+
+TRANSITIONS: Final[dict[Status, frozenset[Status]]] = {
+    Status.PENDING: frozenset({Status.OPENED, Status.EXPIRED, Status.CANCELLED}),
+    Status.OPENED: frozenset({Status.COMPLETED, Status.DECLINED, Status.FAILED,
+                              Status.EXPIRED, Status.CANCELLED}),
+}
+
+CHANGE_TOPIC: Final = "elicitation"
+
+
+class IllegalTransition(Conflict):
+    code = "illegal-transition"
+    title = "Not possible in this state"
+
+
+def is_overdue(elicitation: Elicitation, now: datetime) -> bool:
+    """Whether the elicitation is still open although its time is up."""
+    return elicitation.status in OPEN and now >= elicitation.expires_at
+
+
+def transition(
+    session: Session, clock: Clock, elicitation: Elicitation, to: Status, *,
+    actor: str, source_ip: str | None = None, details: dict[str, Any] | None = None,
+) -> Elicitation:
+    """Move the elicitation to ``to``, or raise IllegalTransition and change nothing."""
+    now = clock.now()
+    current = Status(elicitation.status)
+    if to is not Status.EXPIRED and is_overdue(elicitation, now):
+        raise IllegalTransition("this elicitation has expired",
+                                elicitation_status=Status.EXPIRED.value)
+    if to not in TRANSITIONS.get(current, frozenset()):
+        raise IllegalTransition(f"an elicitation that is {current} cannot become {to}",
+                                elicitation_status=current.value)
+    values: dict[str, Any] = {"status": to.value}
+    if to is Status.OPENED:
+        values["opened_at"] = now
+    if to in TERMINAL:
+        values["ended_at"] = now
+    result = session.execute(
+        update(Elicitation)
+        .where(Elicitation.id == elicitation.id, Elicitation.status == current.value)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        session.refresh(elicitation)
+        raise IllegalTransition(f"the elicitation became {elicitation.status} meanwhile",
+                                elicitation_status=elicitation.status)
+    for name, value in values.items():
+        # The row is written already; mark the object's copy clean so the
+        # flush does not write it twice.
+        set_committed_value(elicitation, name, value)
+    audit.record(session, clock, actor=actor, action=f"elicitation.{to.value}",
+                 target=elicitation.id, source_ip=source_ip,
+                 details={"client_id": elicitation.client_id, "from": current.value,
+                          **(details or {})})
+    changes.announce(session, CHANGE_TOPIC)
+    return elicitation

@@ -1,0 +1,91 @@
+"""The elicitation routes in the OpenAPI document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.elicitations.api import MAX_WAIT_SECONDS
+from gateway.elicitations.service import MAX_PAGE
+from gateway.web.openapi import Document, problem_responses
+
+
+def describe(document: Document, *, credential_types: list[str],
+             payments_enabled: bool) -> None:
+    """Add the elicitation routes and schemas to ``document``."""
+    from gateway.elicitations.schemas import CreateElicitation, ElicitationPage, ElicitationView
+
+    create = document.schema("CreateElicitation", CreateElicitation)
+    _narrow_create(document, credential_types, payments_enabled)
+    view = document.schema("Elicitation", ElicitationView)
+    page = document.schema("ElicitationPage", ElicitationPage)
+    elicitation_id = {"name": "elicitation_id", "in": "path", "required": True,
+                      "schema": {"type": "string", "minLength": 1, "maxLength": 40}}
+    document.path("/api/v1/elicitations", "post", {
+        "operationId": "createElicitation",
+        "summary": "Create an elicitation for one of the client's users",
+        "parameters": [{
+            "name": "Idempotency-Key", "in": "header", "required": False,
+            "description": "Retries with the same key and body get the first answer",
+            "schema": {"type": "string", "pattern": "^[\\x21-\\x7e]{1,255}$"},
+        }],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": create}}},
+        "responses": {
+            "201": _json("Created", view, location=True),
+            "200": _json("A still-open elicitation for the same user and purpose, reused", view),
+            **problem_responses(400, 401, 409, 413, 415, 422, 429),
+        },
+    })
+    document.path("/api/v1/elicitations", "get", {
+        "operationId": "listElicitations",
+        "summary": "The client's elicitations, newest first",
+        "parameters": [
+            _query("status", {"type": "string", "enum": list(ElicitationView.model_fields[
+                "status"].annotation.__args__)}),  # type: ignore[union-attr]
+            _query("kind", {"type": "string", "enum": ["api_key", "payment"]}),
+            _query("subject_iss", {"type": "string"}),
+            _query("subject_sub", {"type": "string"}),
+            _query("cursor", {"type": "string"}),
+            _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}),
+        ],
+        "responses": {"200": _json("One page", page), **problem_responses(400, 401, 422, 429)},
+    })
+    document.path("/api/v1/elicitations/{elicitation_id}", "get", {
+        "operationId": "getElicitation",
+        "summary": "One elicitation; ?wait=N holds the answer until it ends or N seconds pass",
+        "parameters": [elicitation_id, _query("wait", {
+            "type": "integer", "minimum": 0, "maximum": MAX_WAIT_SECONDS})],
+        "responses": {"200": _json("The elicitation", view),
+                      **problem_responses(400, 401, 404, 422, 429)},
+    })
+    document.path("/api/v1/elicitations/{elicitation_id}/cancel", "post", {
+        "operationId": "cancelElicitation",
+        "summary": "Cancel an open elicitation; its link stops working",
+        "parameters": [elicitation_id],
+        "responses": {"200": _json("Cancelled", view),
+                      **problem_responses(400, 401, 404, 409, 429)},
+    })
+
+
+def _narrow_create(document: Document, credential_types: list[str],
+                   payments_enabled: bool) -> None:
+    # The document describes this deployment: only its credential types,
+    # and payments only where Stripe is configured.
+    schemas = document.components["schemas"]
+    api_key = schemas["CreateApiKeyElicitation"]
+    api_key["properties"]["credential_type"]["enum"] = credential_types
+    if not payments_enabled:
+        create = schemas["CreateElicitation"]
+        create["oneOf"] = [{"$ref": "#/components/schemas/CreateApiKeyElicitation"}]
+        create["discriminator"]["mapping"].pop("payment", None)
+
+
+def _json(description: str, schema: dict[str, Any], *, location: bool = False) -> dict[str, Any]:
+    answer: dict[str, Any] = {"description": description,
+                              "content": {"application/json": {"schema": schema}}}
+    if location:
+        answer["headers"] = {"Location": {"schema": {"type": "string"}}}
+    return answer
+
+
+def _query(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema}

@@ -1,0 +1,135 @@
+"""The JSON shapes of the elicitation API, validated strictly.
+
+Unknown fields, wrong types and out-of-range values are refused with the
+field named; nothing is coerced ("5" is not 5). The same models produce the
+OpenAPI document, so the document cannot drift from what is enforced.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+MIN_TTL: Final = 60
+MAX_TTL: Final = 24 * 3600
+DEFAULT_TTL: Final = 15 * 60
+MAX_METADATA_BYTES: Final = 8 * 1024
+# PostgreSQL text cannot hold NUL, and no honest value needs it.
+NO_NUL: Final = r"^[^\x00]*$"
+
+NonEmpty = Annotated[str, Field(min_length=1, pattern=NO_NUL)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Subject(Strict):
+    """The user, as the MCP server's authorization server names them."""
+
+    iss: Annotated[NonEmpty, Field(max_length=500, description="Issuer of the user's token")]
+    sub: Annotated[NonEmpty, Field(max_length=255, description="Subject within that issuer")]
+
+
+class AmountPayment(Strict):
+    """A one-off payment of an amount the MCP server names."""
+
+    amount: Annotated[int, Field(ge=1, le=99_999_999, description="In the currency's minor unit")]
+    currency: Annotated[str, Field(pattern=r"^[a-z]{3}$", description="ISO 4217, lower case")]
+    description: Annotated[NonEmpty, Field(max_length=500)]
+    mode: Literal["payment"] = "payment"
+    customer_email: Annotated[str | None, Field(max_length=254, pattern=r"^[^@\s]+@[^@\s]+$")] \
+        = None
+
+
+class PricePayment(Strict):
+    """A payment or subscription of a Stripe Price."""
+
+    price_id: Annotated[str, Field(pattern=r"^price_[A-Za-z0-9]{1,100}$")]
+    quantity: Annotated[int, Field(ge=1, le=1000)] = 1
+    mode: Literal["payment", "subscription"] = "payment"
+    customer_email: Annotated[str | None, Field(max_length=254, pattern=r"^[^@\s]+@[^@\s]+$")] \
+        = None
+
+
+Payment = AmountPayment | PricePayment
+
+
+class _Common(Strict):
+    subject: Subject
+    message: Annotated[NonEmpty, Field(max_length=2000,
+                                       description="Shown to the user on the gateway's page")]
+    ttl_seconds: Annotated[int, Field(ge=MIN_TTL, le=MAX_TTL)] = DEFAULT_TTL
+    metadata: Annotated[dict[str, Any], Field(
+        description="Opaque to the gateway, returned in reads and webhooks; at most 8 KiB "
+                    "as JSON")] = Field(default_factory=dict)
+    reuse_pending: Annotated[bool, Field(
+        description="Return a still-open elicitation for the same client, subject, kind "
+                    "and type instead of creating another")] = True
+
+    @model_validator(mode="after")
+    def _metadata_size(self) -> _Common:
+        size = len(TypeAdapter(dict[str, Any]).dump_json(self.metadata))
+        if size > MAX_METADATA_BYTES:
+            raise ValueError(f"metadata is {size} bytes as JSON; at most "
+                             f"{MAX_METADATA_BYTES} are kept")
+        return self
+
+
+class CreateApiKeyElicitation(_Common):
+    """Ask the user for an API key of one credential type."""
+
+    kind: Literal["api_key"]
+    credential_type: Annotated[str, Field(min_length=1, max_length=50)]
+
+
+class CreatePaymentElicitation(_Common):
+    """Ask the user to pay through Stripe Checkout."""
+
+    kind: Literal["payment"]
+    payment: Payment
+
+
+CreateElicitation = Annotated[CreateApiKeyElicitation | CreatePaymentElicitation,
+                              Field(discriminator="kind")]
+create_adapter: Final = TypeAdapter(CreateElicitation)
+
+
+# --- responses (documented in OpenAPI; built by service.represent) ------------------
+
+
+class McpParams(BaseModel):
+    """``ElicitRequestURLParams`` of MCP 2025-11-25, ready to send as is."""
+
+    mode: Literal["url"]
+    message: str
+    url: str
+    elicitationId: str  # the MCP spec's spelling
+
+
+class ElicitationView(BaseModel):
+    """An elicitation as the API shows it."""
+
+    id: str
+    url: Annotated[str, Field(description="The link to give the user; it logs nobody in")]
+    status: Literal["pending", "opened", "completed", "declined", "failed", "expired",
+                    "cancelled"]
+    kind: Literal["api_key", "payment"]
+    credential_type: str | None
+    payment: dict[str, Any] | None
+    subject: Subject
+    message: str
+    metadata: dict[str, Any]
+    created_at: str
+    expires_at: str
+    opened_at: str | None
+    ended_at: str | None
+    mcp: McpParams
+
+
+class ElicitationPage(BaseModel):
+    """One page of a listing."""
+
+    items: list[ElicitationView]
+    next_cursor: Annotated[str | None, Field(description="Pass as ?cursor= for the next page")]

@@ -1,0 +1,335 @@
+"""Creating, reading, listing and cancelling elicitations for a client.
+
+The caller runs each function inside one transaction (``db.transaction()``);
+every state change happens through :mod:`gateway.elicitations.lifecycle`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import Session
+
+from gateway.audit import service as audit
+from gateway.clients.models import Client
+from gateway.clock import Clock
+from gateway.credentials.catalog import Catalog
+from gateway.elicitations import lifecycle
+from gateway.elicitations.lifecycle import OPEN, Status
+from gateway.elicitations.models import Elicitation, IdempotencyRecord
+from gateway.elicitations.schemas import CreateApiKeyElicitation, CreatePaymentElicitation
+from gateway.errors import Conflict, GatewayError, InvalidInput, NotFound
+from gateway.tokens import new_id
+
+MAX_PAGE: Final = 100
+# How long an Idempotency-Key is remembered; a retry after that creates anew.
+IDEMPOTENCY_WINDOW: Final = timedelta(hours=24)
+SYSTEM_ACTOR: Final = "system:expiry"
+
+
+class PaymentsNotConfigured(GatewayError):
+    status = 422
+    code = "payments-not-configured"
+    title = "Payments are not configured"
+
+
+class IdempotencyConflict(Conflict):
+    code = "idempotency-key-reused"
+    title = "Idempotency-Key reused"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who asks, for the audit trail."""
+
+    client: Client
+    source_ip: str | None
+
+    @property
+    def actor(self) -> str:
+        return f"client:{self.client.id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The answer to a create: its HTTP status and body (replayed for retries)."""
+
+    status_code: int
+    body: dict[str, Any]
+
+
+Create = CreateApiKeyElicitation | CreatePaymentElicitation
+
+
+# --- create ----------------------------------------------------------------------
+
+
+def create(
+    session: Session, clock: Clock, caller: Caller, request: Create, *, catalog: Catalog,
+    payments_enabled: bool, public_url: str, idempotency_key: str | None,
+    request_digest: str,
+) -> Outcome:
+    """Create an elicitation, or return the one a retry or a reuse refers to."""
+    if idempotency_key is not None:
+        replay = _replay(session, clock, caller.client, idempotency_key, request_digest)
+        if replay is not None:
+            return replay
+    _check_allowed(caller.client, request, catalog, payments_enabled)
+    now = clock.now()
+    existing = _reusable(session, caller.client, request, now) if request.reuse_pending else None
+    if existing is not None:
+        outcome = Outcome(200, represent(existing, public_url, now))
+    else:
+        created = _insert(session, clock, caller, request, now)
+        outcome = Outcome(201, represent(created, public_url, now))
+    if idempotency_key is not None:
+        session.add(IdempotencyRecord(
+            client_id=caller.client.id, key=idempotency_key, request_digest=request_digest,
+            status_code=outcome.status_code, response=outcome.body, created_at=now))
+    return outcome
+
+
+def request_digest(body: bytes) -> str:
+    """Fingerprint of a request body, for Idempotency-Key comparisons."""
+    return hashlib.sha256(body).hexdigest()
+
+
+def _replay(session: Session, clock: Clock, client: Client, key: str,
+            digest: str) -> Outcome | None:
+    record = session.scalar(select(IdempotencyRecord).where(
+        IdempotencyRecord.client_id == client.id, IdempotencyRecord.key == key))
+    if record is None:
+        return None
+    if clock.now() - record.created_at > IDEMPOTENCY_WINDOW:
+        session.delete(record)
+        session.flush()
+        return None
+    if record.request_digest != digest:
+        raise IdempotencyConflict("this Idempotency-Key was used with a different request "
+                                  "body; use a new key for a new request")
+    return Outcome(record.status_code, record.response)
+
+
+def _check_allowed(client: Client, request: Create, catalog: Catalog,
+                   payments_enabled: bool) -> None:
+    if isinstance(request, CreatePaymentElicitation):
+        if not payments_enabled:
+            raise PaymentsNotConfigured("this gateway takes no payments: its operator has not "
+                                        "set GATEWAY_STRIPE_SECRET_KEY")
+        return
+    type_id = request.credential_type
+    if type_id not in catalog:
+        raise InvalidInput(f"unknown credential_type {type_id!r}; this gateway knows "
+                           f"{', '.join(catalog.ids)}", field="credential_type")
+    if not client.may_use(type_id):
+        raise InvalidInput(f"this client may not ask for credential_type {type_id!r}; it may "
+                           f"ask for {', '.join(client.credential_types)}",
+                           field="credential_type")
+
+
+def _reusable(session: Session, client: Client, request: Create,
+              now: datetime) -> Elicitation | None:
+    query = select(Elicitation).where(
+        Elicitation.client_id == client.id,
+        Elicitation.subject_iss == request.subject.iss,
+        Elicitation.subject_sub == request.subject.sub,
+        Elicitation.kind == request.kind,
+        Elicitation.status.in_([s.value for s in OPEN]),
+        Elicitation.expires_at > now,
+    ).order_by(Elicitation.created_at.desc())
+    payment = _payment_fields(request)
+    for candidate in session.scalars(query):
+        if candidate.credential_type == _credential_type(request) and \
+                candidate.payment == payment:
+            return candidate
+    return None
+
+
+def _insert(session: Session, clock: Clock, caller: Caller, request: Create,
+            now: datetime) -> Elicitation:
+    elicitation = Elicitation(
+        # 144 random bits: the id is the URL, so it must not be guessable.
+        id=new_id("el_", 18),
+        client_id=caller.client.id,
+        subject_iss=request.subject.iss,
+        subject_sub=request.subject.sub,
+        kind=request.kind,
+        credential_type=_credential_type(request),
+        payment=_payment_fields(request),
+        message=request.message,
+        metadata_=request.metadata,
+        status=Status.PENDING.value,
+        created_at=now,
+        expires_at=now + timedelta(seconds=request.ttl_seconds),
+    )
+    session.add(elicitation)
+    audit.record(session, clock, actor=caller.actor, action="elicitation.created",
+                 target=elicitation.id, source_ip=caller.source_ip,
+                 details={"client_id": caller.client.id, "kind": request.kind,
+                          "credential_type": elicitation.credential_type,
+                          "ttl_seconds": request.ttl_seconds})
+    return elicitation
+
+
+def _credential_type(request: Create) -> str | None:
+    return request.credential_type if isinstance(request, CreateApiKeyElicitation) else None
+
+
+def _payment_fields(request: Create) -> dict[str, Any] | None:
+    if isinstance(request, CreatePaymentElicitation):
+        return request.payment.model_dump(mode="json")
+    return None
+
+
+# --- read, list, cancel -------------------------------------------------------------
+
+
+def get(session: Session, clock: Clock, client: Client, elicitation_id: str) -> Elicitation:
+    """The client's elicitation, expired first if its time is up.
+
+    Another client's elicitation is reported exactly like an unknown one.
+    """
+    elicitation = session.get(Elicitation, elicitation_id)
+    if elicitation is None or elicitation.client_id != client.id:
+        raise NotFound(f"no elicitation {elicitation_id!r}")
+    expire_if_overdue(session, clock, elicitation)
+    return elicitation
+
+
+def expire_if_overdue(session: Session, clock: Clock, elicitation: Elicitation) -> bool:
+    """Mark an open elicitation whose time is up as expired; whether it did."""
+    if not lifecycle.is_overdue(elicitation, clock.now()):
+        return False
+    try:
+        lifecycle.transition(session, clock, elicitation, Status.EXPIRED, actor=SYSTEM_ACTOR)
+    except lifecycle.IllegalTransition:
+        return False  # another request ended it first; its state stands
+    return True
+
+
+def expire_overdue(session: Session, clock: Clock, *, client_id: str | None = None,
+                   limit: int = 500) -> int:
+    """Expire open elicitations whose time is up (all, or one client's); how many."""
+    query = select(Elicitation).where(
+        Elicitation.status.in_([s.value for s in OPEN]),
+        Elicitation.expires_at <= clock.now(),
+    ).limit(limit)
+    if client_id is not None:
+        query = query.where(Elicitation.client_id == client_id)
+    return sum(expire_if_overdue(session, clock, e) for e in session.scalars(query).all())
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """What a listing is narrowed to."""
+
+    status: str | None = None
+    kind: str | None = None
+    subject_iss: str | None = None
+    subject_sub: str | None = None
+
+
+def list_page(session: Session, clock: Clock, client_id: str | None, filters: Filters,
+              cursor: str | None, limit: int) -> tuple[list[Elicitation], str | None]:
+    """One page of elicitations (one client's, or all), newest first, and the next cursor."""
+    expire_overdue(session, clock, client_id=client_id)
+    query = select(Elicitation)
+    if client_id is not None:
+        query = query.where(Elicitation.client_id == client_id)
+    for column, value in ((Elicitation.status, filters.status),
+                          (Elicitation.kind, filters.kind),
+                          (Elicitation.subject_iss, filters.subject_iss),
+                          (Elicitation.subject_sub, filters.subject_sub)):
+        if value is not None:
+            query = query.where(column == value)
+    if cursor is not None:
+        created_at, last_id = decode_cursor(cursor)
+        query = query.where(or_(
+            Elicitation.created_at < created_at,
+            and_(Elicitation.created_at == created_at, Elicitation.id < last_id)))
+    query = query.order_by(Elicitation.created_at.desc(), Elicitation.id.desc())
+    rows = list(session.scalars(query.limit(limit + 1)))
+    page = rows[:limit]
+    more = len(rows) > limit
+    return page, encode_cursor(page[-1]) if more and page else None
+
+
+def cancel(session: Session, clock: Clock, elicitation: Elicitation, *, actor: str,
+           source_ip: str | None = None) -> Elicitation:
+    """Cancel an open elicitation; its link stops working at once."""
+    expire_if_overdue(session, clock, elicitation)
+    return lifecycle.transition(session, clock, elicitation, Status.CANCELLED,
+                                actor=actor, source_ip=source_ip)
+
+
+def find(session: Session, clock: Clock, elicitation_id: str) -> Elicitation:
+    """Any client's elicitation, for the operator; expired first if its time is up."""
+    elicitation = session.get(Elicitation, elicitation_id)
+    if elicitation is None:
+        raise NotFound(f"no elicitation {elicitation_id!r}")
+    expire_if_overdue(session, clock, elicitation)
+    return elicitation
+
+
+def encode_cursor(elicitation: Elicitation) -> str:
+    raw = f"{elicitation.created_at.isoformat()}|{elicitation.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """The position a cursor points after; a cursor we did not make is refused."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created_at, last_id = raw.split("|", 1)
+        moment = datetime.fromisoformat(created_at)
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidInput("cursor is not one this API returned", field="cursor") from None
+    if moment.tzinfo is None:
+        raise InvalidInput("cursor is not one this API returned", field="cursor")
+    return moment, last_id
+
+
+# --- representation -----------------------------------------------------------------
+
+
+def url_of(elicitation_id: str, public_url: str) -> str:
+    """The link the user opens: the id and nothing else (no PII, no credential)."""
+    return f"{public_url}/e/{elicitation_id}"
+
+
+def represent(elicitation: Elicitation, public_url: str, now: datetime) -> dict[str, Any]:
+    """The API's JSON view of an elicitation."""
+    url = url_of(elicitation.id, public_url)
+    status = Status.EXPIRED.value if lifecycle.is_overdue(elicitation, now) \
+        else elicitation.status
+    return {
+        "id": elicitation.id,
+        "url": url,
+        "status": status,
+        "kind": elicitation.kind,
+        "credential_type": elicitation.credential_type,
+        "payment": elicitation.payment,
+        "subject": {"iss": elicitation.subject_iss, "sub": elicitation.subject_sub},
+        "message": elicitation.message,
+        "metadata": elicitation.metadata_,
+        "created_at": timestamp(elicitation.created_at),
+        "expires_at": timestamp(elicitation.expires_at),
+        "opened_at": timestamp(elicitation.opened_at),
+        "ended_at": timestamp(elicitation.ended_at),
+        # ElicitRequestURLParams, ready to send as is (MCP 2025-11-25).
+        "mcp": {"mode": "url", "message": elicitation.message, "url": url,
+                "elicitationId": elicitation.id},
+    }
+
+
+def timestamp(moment: datetime | None) -> str | None:
+    """RFC 3339 in UTC with a Z, to the millisecond."""
+    if moment is None:
+        return None
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

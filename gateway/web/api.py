@@ -1,0 +1,130 @@
+"""The JSON API's edge: ``/api/v1``, bearer authentication, rate limits, JSON bodies.
+
+Every route under it requires a client's API token unless marked
+:func:`public` (the OpenAPI document), so a route cannot forget to check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Final, TypeVar
+
+from flask import Blueprint, Flask, current_app, g, request
+from pydantic import TypeAdapter, ValidationError
+
+from gateway import db
+from gateway.clients.models import Client
+from gateway.clients.service import authenticate
+from gateway.errors import GatewayError
+from gateway.settings import Settings
+from gateway.web import ratelimit
+
+PREFIX: Final = "/api/v1"
+View = TypeVar("View", bound=Callable[..., object])
+_PUBLIC_ATTRIBUTE: Final = "_public_api"
+# Query parameters that, by convention, carry tokens (RFC 6750 section 2.3).
+_TOKEN_PARAMETERS: Final = frozenset({"access_token", "token", "api_token", "api_key"})
+T = TypeVar("T")
+
+
+class TokenInQuery(GatewayError):
+    status = 400
+    code = "token-in-query"
+    title = "Token in the query string"
+
+    def __init__(self) -> None:
+        super().__init__("API tokens go in the Authorization header, never in the URL, where "
+                         "proxies and logs keep them. Nothing was processed; rotate the token.")
+
+
+class InvalidJson(GatewayError):
+    status = 400
+    code = "invalid-json"
+    title = "Invalid JSON"
+
+
+class UnsupportedMediaType(GatewayError):
+    status = 415
+    code = "unsupported-media-type"
+    title = "Unsupported media type"
+
+
+class ValidationFailed(GatewayError):
+    status = 422
+    code = "validation-failed"
+    title = "The request body is not valid"
+
+
+def public(view: View) -> View:
+    """Opt a route out of authentication (documents with nothing private in them)."""
+    setattr(view, _PUBLIC_ATTRIBUTE, True)
+    return view
+
+
+def init_app(app: Flask, settings: Settings, children: Iterable[Blueprint]) -> None:
+    """Mount the feature blueprints under /api/v1 behind authentication and limits."""
+    parent = Blueprint("api", __name__, url_prefix=PREFIX)
+    parent.before_request(_authenticate)
+    csrf = app.extensions["csrf"]
+    for child in children:
+        parent.register_blueprint(child)
+        # CSRF rides on credentials a browser sends by itself (cookies). The
+        # API takes only a bearer token, which no other site can make a
+        # browser send, so its routes carry no CSRF token.
+        csrf.exempt(child)
+    ratelimit.limit_api(app, parent, settings)
+    app.register_blueprint(parent)
+
+
+def current_client() -> Client:
+    """The client that authenticated this request."""
+    client: Client = g.client
+    return client
+
+
+def _authenticate() -> None:
+    if any(name.lower() in _TOKEN_PARAMETERS for name in request.args) or any(
+        value.startswith("gw_") for value in request.args.values()
+    ):
+        raise TokenInQuery()
+    view = current_app.view_functions.get(request.endpoint or "")
+    if getattr(view, _PUBLIC_ATTRIBUTE, False):
+        return
+    g.client = authenticate(db.session(), ratelimit.token_digest())
+
+
+def json_body(adapter: TypeAdapter[T]) -> T:
+    """The request's JSON body, validated; a problem naming each bad field otherwise."""
+    if not request.is_json:
+        raise UnsupportedMediaType("send the body as JSON with Content-Type: application/json")
+    raw = request.get_data(cache=True)
+    try:
+        return adapter.validate_json(raw)
+    except ValidationError as error:
+        problems = [_describe(item) for item in error.errors(include_url=False)]
+        if any(item["type"] == "json_invalid" for item in error.errors(include_url=False)):
+            raise InvalidJson("the body is not valid JSON") from None
+        raise ValidationFailed("; ".join(f"{p['field']}: {p['problem']}" for p in problems),
+                               errors=problems) from None
+
+
+def _describe(item: Any) -> dict[str, str]:
+    parts = list(item["loc"])
+    if parts and parts[0] in _KIND_TAGS:
+        parts = parts[1:]  # the discriminator value pydantic tried, not a field
+    location = ".".join(str(part) for part in parts if not _is_model_name(part))
+    problem = item["msg"]
+    if item["type"] == "extra_forbidden":
+        problem = "unknown field"
+    elif item["type"] == "missing":
+        problem = "required"
+    return {"field": location or "body", "problem": problem}
+
+
+_KIND_TAGS: Final = frozenset({"api_key", "payment"})
+
+
+def _is_model_name(part: object) -> bool:
+    # For a union, pydantic names the member it tried ("AmountPayment"); the
+    # caller knows field paths, not our class names. Fields are lower case.
+    return isinstance(part, str) and part[:1].isupper()

@@ -1,0 +1,110 @@
+"""The OpenAPI 3.1 document at ``/api/v1/openapi.json``.
+
+Built from the same pydantic models that validate requests, so the document
+and the checks cannot drift apart. It describes this deployment: its
+credential types, and payments only where Stripe is configured.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from flask import Blueprint, Response, current_app, jsonify
+from pydantic import TypeAdapter
+
+from gateway import __version__
+from gateway.settings import Settings
+from gateway.web.api import public
+
+blueprint = Blueprint("openapi", __name__)
+EXTENSION: Final = "gateway.openapi"
+REF: Final = "#/components/schemas/{model}"
+
+_PROBLEM_TITLES: Final = {
+    400: "The request is malformed", 401: "No valid API token",
+    404: "No such resource for this client", 409: "Conflicts with the current state",
+    413: "The body is over 64 KiB", 415: "The body is not JSON",
+    422: "The request breaks a rule", 429: "Rate limit reached; see Retry-After",
+}
+
+
+class Document:
+    """An OpenAPI document under construction."""
+
+    def __init__(self, title: str, version: str) -> None:
+        self.paths: dict[str, dict[str, Any]] = {}
+        self.components: dict[str, dict[str, Any]] = {
+            "schemas": {"Problem": _PROBLEM_SCHEMA},
+            "securitySchemes": {"bearer": {
+                "type": "http", "scheme": "bearer",
+                "description": "The client's API token (gw_…) from `gateway clients create`",
+            }},
+        }
+        self.info = {"title": title, "version": version}
+
+    def schema(self, name: str, annotation: Any) -> dict[str, Any]:
+        """Register a model's JSON schema; a reference to it."""
+        generated = TypeAdapter(annotation).json_schema(ref_template=REF)
+        self.components["schemas"].update(generated.pop("$defs", {}))
+        self.components["schemas"][name] = generated
+        return {"$ref": REF.format(model=name)}
+
+    def path(self, path: str, method: str, operation: dict[str, Any]) -> None:
+        """Add one operation; every operation needs the bearer token unless it says not."""
+        operation.setdefault("security", [{"bearer": []}])
+        self.paths.setdefault(path, {})[method] = operation
+
+    def as_json(self) -> dict[str, Any]:
+        return {"openapi": "3.1.0", "info": self.info, "paths": self.paths,
+                "components": self.components}
+
+
+def problem_responses(*statuses: int) -> dict[str, Any]:
+    """Problem+json answers for these statuses."""
+    return {str(status): {
+        "description": _PROBLEM_TITLES[status],
+        "content": {"application/problem+json": {
+            "schema": {"$ref": REF.format(model="Problem")}}},
+    } for status in statuses}
+
+
+_PROBLEM_SCHEMA: Final = {
+    "type": "object",
+    "description": "RFC 9457 problem details",
+    "required": ["type", "title", "status", "detail"],
+    "properties": {
+        "type": {"type": "string"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "request_id": {"type": "string"},
+    },
+}
+
+
+def build(settings: Settings) -> dict[str, Any]:
+    """The whole document for this deployment."""
+    from gateway.credentials.catalog import current_catalog
+    from gateway.elicitations import openapi as elicitations
+
+    document = Document("Gateway API", __version__)
+    elicitations.describe(document, credential_types=current_catalog().ids,
+                          payments_enabled=settings.stripe_secret_key is not None)
+    document.path("/api/v1/openapi.json", "get", {
+        "operationId": "openapi", "summary": "This document", "security": [],
+        "responses": {"200": {"description": "OpenAPI 3.1",
+                              "content": {"application/json": {"schema": {"type": "object"}}}},
+                      **problem_responses(400, 429)},
+    })
+    return document.as_json()
+
+
+@blueprint.get("/openapi.json")
+@public  # describes the API; holds nothing private
+def openapi() -> Response:
+    """The OpenAPI document of this gateway's API."""
+    document = current_app.extensions.get(EXTENSION)
+    if document is None:
+        document = build(current_app.extensions["gateway.settings"])
+        current_app.extensions[EXTENSION] = document
+    return jsonify(document)

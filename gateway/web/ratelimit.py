@@ -1,0 +1,71 @@
+"""Rate limits (Flask-Limiter): per API token and per source address on the API.
+
+Counters live in memory for one instance, or in Redis
+(GATEWAY_RATELIMIT_STORAGE_URL) when several instances share the load. A
+client over its limit gets 429 with Retry-After, as problem+json.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, Flask, current_app, g, request
+from flask_limiter import Limiter
+
+from gateway.settings import Settings
+from gateway.tokens import keyed_digest
+
+EXTENSION = "gateway.limiter"
+
+
+def init_app(app: Flask, settings: Settings) -> Limiter:
+    """Attach a limiter to the app; limits are added per blueprint with :func:`limit_api`."""
+    limiter = Limiter(
+        key_func=source_address,
+        storage_uri=settings.ratelimit_storage_url,
+        strategy="fixed-window",
+        headers_enabled=True,
+        # A storage outage must not take the API down with it; counting
+        # resumes when it is back.
+        swallow_errors=True,
+        key_prefix="gateway",
+    )
+    limiter.init_app(app)
+    app.extensions[EXTENSION] = limiter
+    return limiter
+
+
+def limit_api(app: Flask, blueprint: Blueprint, settings: Settings) -> None:
+    """Limit every route of ``blueprint`` per API token and per source address."""
+    limiter: Limiter = app.extensions[EXTENSION]
+    limiter.limit(settings.ratelimit_api, key_func=token_key, scope="api-token")(blueprint)
+    limiter.limit(settings.ratelimit_api_ip, key_func=source_address, scope="api-ip")(blueprint)
+
+
+def source_address() -> str:
+    """The caller's address, as the trusted proxy hops report it."""
+    return request.remote_addr or "unknown"
+
+
+def bearer_token() -> str | None:
+    """The bearer token of the request, if it carries one."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def token_digest() -> str | None:
+    """The keyed digest of the request's bearer token, computed once per request."""
+    if "token_digest" not in g:
+        token = bearer_token()
+        settings: Settings = current_app.extensions["gateway.settings"]
+        g.token_digest = keyed_digest(settings.token_pepper, token) if token else None
+    digest: str | None = g.token_digest
+    return digest
+
+
+def token_key() -> str:
+    # Keyed by digest, never by the token: the counters' storage (Redis)
+    # must not hold usable tokens.
+    digest = token_digest()
+    return f"token:{digest}" if digest else f"anonymous:{source_address()}"
