@@ -55,6 +55,9 @@ def worker(once: bool) -> None:
                 if expired:
                     log.info("expired %d elicitation(s)", expired)
             except SQLAlchemyError as error:
+                if once:
+                    cli.fail(f"sweep failed ({type(error).__name__}); is the schema current? "
+                             "run `gateway db upgrade`")
                 log.warning("sweep failed (%s); trying again", type(error).__name__)
             if once or stop.wait(SWEEP_SECONDS):
                 break

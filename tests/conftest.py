@@ -7,11 +7,14 @@ leaves it empty again, so tests are isolated without paying for migrations.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import os
 import secrets
 import socket
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +22,21 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import Engine
+from werkzeug.test import TestResponse
 
 from gateway import db, migrations
 from gateway.app import create_app
+from gateway.clients import service as clients
+from gateway.clock import FixedClock, SystemClock
+from gateway.credentials.catalog import current_catalog
 from gateway.settings import Settings, load_settings
+from gateway.vault.keyring import load_keyring
 from tests import databases
 
 TEST_SECRET = "test-secret-" + "x" * 40
 TEST_PEPPER = "test-pepper-" + "y" * 40
+# A fixed key-encryption key, so the app and CLI commands in one test agree.
+TEST_KEYRING = "v1:" + base64.b64encode(b"k" * 32).decode()
 
 
 # --- no network beyond this machine ---------------------------------------------
@@ -84,14 +94,26 @@ def instance_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def base_environ(instance_path: Path, database_url: str) -> dict[str, str]:
+def clean_database(database_url: str) -> Iterator[str]:
+    """The run's database, emptied again after the test, whoever wrote to it."""
+    yield database_url
+    engine = db.make_engine(database_url)
+    try:
+        _empty_tables(engine)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def base_environ(instance_path: Path, clean_database: str) -> dict[str, str]:
     """The environment a test gateway runs with."""
     return {
         "GATEWAY_INSTANCE_PATH": str(instance_path),
-        "GATEWAY_DATABASE_URL": database_url,
+        "GATEWAY_DATABASE_URL": clean_database,
         "GATEWAY_SECRET_KEY": TEST_SECRET,
         "GATEWAY_TOKEN_PEPPER": TEST_PEPPER,
         "GATEWAY_PUBLIC_URL": "https://gateway.test",
+        "GATEWAY_ENCRYPTION_KEYS": TEST_KEYRING,
     }
 
 
@@ -111,11 +133,16 @@ def settings(make_settings: Callable[..., Settings]) -> Settings:
 
 
 @pytest.fixture
-def app(settings: Settings) -> Iterator[Flask]:
-    application = create_app(settings)
+def clock() -> FixedClock:
+    """The app's clock: now, moving only when a test advances it."""
+    return FixedClock(datetime.now(UTC))
+
+
+@pytest.fixture
+def app(settings: Settings, clock: FixedClock) -> Iterator[Flask]:
+    application = create_app(settings, clock=clock)
     application.config["TESTING"] = True
     yield application
-    _empty_tables(application.extensions["gateway.engine"])
     application.extensions["gateway.engine"].dispose()
 
 
@@ -147,6 +174,63 @@ def _empty_tables(engine: Engine) -> None:
     with engine.begin() as connection:
         for table in reversed(db.Base.metadata.sorted_tables):
             connection.execute(table.delete())
+
+
+# --- clients of the API ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A client registered for a test, with the secrets shown at creation."""
+
+    id: str
+    name: str
+    api_token: str
+    webhook_secret: str
+
+
+@pytest.fixture
+def register(app: Flask, settings: Settings) -> Callable[..., Registered]:
+    """Register API clients (MCP servers) the way `gateway clients create` does."""
+    counter = iter(range(1, 1000))
+
+    def make(name: str | None = None, *, credential_types: list[str] | None = None,
+             webhook_url: str | None = None) -> Registered:
+        with app.app_context(), db.transaction() as session:
+            minted = clients.create_client(
+                session, SystemClock(), keyring=load_keyring(settings),
+                pepper=settings.token_pepper, catalog=current_catalog(),
+                name=name or f"mcp-server-{next(counter)}", webhook_url=webhook_url,
+                credential_types=credential_types or [], actor="test")
+        return Registered(minted.client.id, minted.client.name, minted.api_token,
+                          minted.webhook_secret)
+
+    return make
+
+
+class Api:
+    """The JSON API as one registered client calls it."""
+
+    def __init__(self, client: FlaskClient, token: str) -> None:
+        self.client = client
+        self.token = token
+
+    def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}", **(extra or {})}
+
+    def get(self, path: str, **kwargs: Any) -> TestResponse:
+        headers = self.headers(kwargs.pop("headers", None))
+        return self.client.get(path, headers=headers, **kwargs)
+
+    def post(self, path: str, json: Any = None, **kwargs: Any) -> TestResponse:
+        headers = self.headers(kwargs.pop("headers", None))
+        return self.client.post(path, json=json, headers=headers, **kwargs)
+
+
+@pytest.fixture
+def api(client: FlaskClient, register: Callable[..., Registered]) -> Api:
+    """The API as a freshly registered client with access to every credential type."""
+    return Api(client, register().api_token)
 
 
 @pytest.fixture

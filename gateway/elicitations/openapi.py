@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from gateway.elicitations.api import MAX_WAIT_SECONDS
 from gateway.elicitations.service import MAX_PAGE
 from gateway.web.openapi import Document, problem_responses
+
+# The OpenAPI format of paging cursors: a next_cursor the API returned.
+CURSOR_FORMAT: Final = "cursor"
 
 
 def describe(document: Document, *, credential_types: list[str],
@@ -44,7 +47,8 @@ def describe(document: Document, *, credential_types: list[str],
             _query("kind", {"type": "string", "enum": ["api_key", "payment"]}),
             _query("subject_iss", {"type": "string"}),
             _query("subject_sub", {"type": "string"}),
-            _query("cursor", {"type": "string"}),
+            # Opaque: only a next_cursor this API returned is a cursor.
+            _query("cursor", {"type": "string", "format": CURSOR_FORMAT}),
             _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}),
         ],
         "responses": {"200": _json("One page", page), **problem_responses(400, 401, 422, 429)},

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
 MIN_TTL: Final = 60
 MAX_TTL: Final = 24 * 3600
@@ -19,6 +19,19 @@ MAX_METADATA_BYTES: Final = 8 * 1024
 NO_NUL: Final = r"^[^\x00]*$"
 
 NonEmpty = Annotated[str, Field(min_length=1, pattern=NO_NUL)]
+
+
+def _whole_number(value: Any) -> Any:
+    # JSON has one number type: 900.0 is the number 900, and JSON Schema's
+    # "integer" (which the OpenAPI document states) matches it. Only that
+    # spelling is let through; "900", 900.5 and true are still refused.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# Last in an Annotated, after the Field constraints, so they stay in the JSON schema.
+WHOLE: Final = BeforeValidator(_whole_number)
 
 
 class Strict(BaseModel):
@@ -35,7 +48,8 @@ class Subject(Strict):
 class AmountPayment(Strict):
     """A one-off payment of an amount the MCP server names."""
 
-    amount: Annotated[int, Field(ge=1, le=99_999_999, description="In the currency's minor unit")]
+    amount: Annotated[int, Field(ge=1, le=99_999_999, description="In the currency's minor unit"),
+                      WHOLE]
     currency: Annotated[str, Field(pattern=r"^[a-z]{3}$", description="ISO 4217, lower case")]
     description: Annotated[NonEmpty, Field(max_length=500)]
     mode: Literal["payment"] = "payment"
@@ -47,7 +61,7 @@ class PricePayment(Strict):
     """A payment or subscription of a Stripe Price."""
 
     price_id: Annotated[str, Field(pattern=r"^price_[A-Za-z0-9]{1,100}$")]
-    quantity: Annotated[int, Field(ge=1, le=1000)] = 1
+    quantity: Annotated[int, Field(ge=1, le=1000), WHOLE] = 1
     mode: Literal["payment", "subscription"] = "payment"
     customer_email: Annotated[str | None, Field(max_length=254, pattern=r"^[^@\s]+@[^@\s]+$")] \
         = None
@@ -60,7 +74,7 @@ class _Common(Strict):
     subject: Subject
     message: Annotated[NonEmpty, Field(max_length=2000,
                                        description="Shown to the user on the gateway's page")]
-    ttl_seconds: Annotated[int, Field(ge=MIN_TTL, le=MAX_TTL)] = DEFAULT_TTL
+    ttl_seconds: Annotated[int, Field(ge=MIN_TTL, le=MAX_TTL), WHOLE] = DEFAULT_TTL
     metadata: Annotated[dict[str, Any], Field(
         description="Opaque to the gateway, returned in reads and webhooks; at most 8 KiB "
                     "as JSON")] = Field(default_factory=dict)

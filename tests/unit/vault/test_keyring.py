@@ -17,6 +17,12 @@ KEY_1 = base64.b64encode(os.urandom(32)).decode()
 KEY_2 = base64.b64encode(os.urandom(32)).decode()
 
 
+@pytest.fixture
+def base_environ(base_environ: dict[str, str]) -> dict[str, str]:
+    """The test environment without GATEWAY_ENCRYPTION_KEYS, so the instance file counts."""
+    return {k: v for k, v in base_environ.items() if k != "GATEWAY_ENCRYPTION_KEYS"}
+
+
 def test_environment_keyring_newest_version_is_current(
     make_settings: Callable[..., Settings],
 ) -> None:
