@@ -1,0 +1,309 @@
+"""Benchmark the gateway against a bare Flask app on the same gunicorn, TLS and load.
+
+    .venv/bin/python bench/run.py [--database sqlite|postgres] [--scenario NAME ...]
+                                  [--duration S] [--connections N] [--wrk-threads N]
+                                  [--workers N] [--threads N] [--rounds N] [--warmup S]
+                                  [--hold N] [--json PATH]
+
+One run starts both servers from scratch, measures every chosen scenario on
+each with wrk (alternating targets, so drift hits both alike), prints the
+table and writes the JSON results. It is a benchmark, not a test: numbers
+depend on the machine, and nothing here fails on a slow result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import http.client
+import os
+import platform
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import report
+import servers
+import wrk
+from hold import HeldRequests, HoldStats
+from scenarios import SCENARIOS, Gateway, Request, Scenario, SetupError, send
+
+RESULTS_FOLDER = Path(__file__).with_name("results")
+
+
+class ScenarioFailed(Exception):
+    """A scenario could not be measured; the message says why. Other scenarios go on."""
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """What wrk does to each target, identically."""
+
+    duration: int
+    connections: int
+    threads: int
+    rounds: int
+    warmup: int
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A server under load."""
+
+    name: str
+    port: int
+    cafile: Path
+
+    def url(self, path: str) -> str:
+        """Where wrk points; loopback by address, which the certificate names too."""
+        return f"https://{servers.HOST}:{self.port}{path}"
+
+
+# --- the command line -------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The options; defaults sized for a 2-core machine and a run of about a minute."""
+    parser = argparse.ArgumentParser(
+        description="Benchmark the gateway against a bare Flask app (same gunicorn, TLS, load).")
+    parser.add_argument("--database", choices=("sqlite", "postgres"), default="sqlite",
+                        help="postgres: a scratch database on TEST_DATABASE_URL "
+                             f"(default {servers.DEFAULT_POSTGRES_URL})")
+    parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS),
+                        metavar="NAME", help="run only this scenario (repeatable); default: "
+                        + ", ".join(s.name for s in SCENARIOS.values() if s.in_default_run))
+    parser.add_argument("--duration", type=_positive, default=10,
+                        help="seconds per measured wrk run (default 10)")
+    parser.add_argument("--connections", type=_positive, default=32,
+                        help="wrk connections (default 32)")
+    parser.add_argument("--wrk-threads", type=_positive, default=2,
+                        help="wrk threads (default 2)")
+    # --workers and --threads mean what they mean to `gateway serve`.
+    parser.add_argument("--workers", type=_positive, default=2,
+                        help="gunicorn worker processes, both servers (default 2)")
+    parser.add_argument("--threads", type=_positive, default=32,
+                        help="gunicorn threads per worker, both servers (default 32)")
+    parser.add_argument("--rounds", type=_positive, default=2,
+                        help="measured runs per target and scenario (default 2)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="seconds of unmeasured load per target first (default 2)")
+    parser.add_argument("--hold", type=int, metavar="N",
+                        help="held requests for scenarios that hold some (0: none)")
+    parser.add_argument("--json", type=Path, metavar="PATH",
+                        help="where to write the results (default bench/results/<time>.json)")
+    args = parser.parse_args(argv)
+    if args.connections < args.wrk_threads:
+        parser.error("--connections must be at least --wrk-threads (wrk's rule)")
+    return args
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def chosen_scenarios(names: list[str] | None, hold_count: int | None) -> list[Scenario]:
+    """The named scenarios, else the default run; with the held count overridden."""
+    picked = ([SCENARIOS[name] for name in dict.fromkeys(names)] if names
+              else [s for s in SCENARIOS.values() if s.in_default_run])
+    if hold_count is None:
+        return picked
+    return [dataclasses.replace(s, hold=dataclasses.replace(s.hold, count=hold_count)
+                                if hold_count > 0 else None) if s.hold else s
+            for s in picked]
+
+
+# --- the run -------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; 1 with a one-line message when it cannot, 130 when stopped."""
+    args = parse_args(argv)
+    # SIGTERM takes the same way out as Ctrl-C: servers stopped, scratch removed.
+    # SIGINT explicitly too: a shell starting us in the background ignores it.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    try:
+        return run(args)
+    except servers.BenchSetupError as error:
+        if error.detail:
+            print(error.detail, file=sys.stderr)
+        return _fail(str(error))
+    except wrk.WrkError as error:
+        return _fail(str(error).splitlines()[0])
+    except KeyboardInterrupt:
+        return _fail("interrupted; servers stopped and scratch files removed", status=130)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Set up both targets, measure each scenario, report; undo the setup in any case."""
+    scenarios = chosen_scenarios(args.scenario, args.hold)
+    wrk_path = wrk.ensure_installed()
+    load = Load(duration=args.duration, connections=args.connections, threads=args.wrk_threads,
+                rounds=args.rounds, warmup=max(args.warmup, 0))
+    with contextlib.ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gateway-bench-")))
+        database_url = stack.enter_context(servers.scratch_database(args.database))
+        gateway, targets, config = stack.enter_context(
+            _targets(folder, database_url, args.workers, args.threads))
+        facts = machine_facts(args, load, wrk.version(wrk_path),
+                              servers.describe_database(database_url))
+        print(report.header(facts), end="\n\n", flush=True)
+        results = [measure(scenario, gateway, targets, load, wrk_path, folder)
+                   for scenario in scenarios]
+    print(report.table(results))
+    path = args.json or RESULTS_FOLDER / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+    report.write_json(path, facts, config, results)
+    print(f"\nresults: {path}")
+    return 0 if all(result.measured for result in results) else 1
+
+
+@contextlib.contextmanager
+def _targets(folder: Path, database_url: str | None, workers: int,
+             threads: int) -> Iterator[tuple[Gateway, dict[str, Target], dict[str, Any]]]:
+    """Both servers started on one gunicorn config (bind port aside); stopped afterwards."""
+    instance = folder / "instance"
+    gateway_port = servers.free_port()
+    bare_port = servers.free_port(besides=gateway_port)
+    environ = servers.scratch_environ(instance, gateway_port, database_url)
+    _progress("creating the scratch instance (gateway init, gateway db upgrade)")
+    servers.init_instance(environ, folder)
+    options = servers.gateway_options(gateway_port, workers, threads, instance)
+    config = servers.server_config(environ, options)
+    # The same function gateway serve calls, with only the port changed.
+    bare_config = servers.server_config(environ, dataclasses.replace(options, port=bare_port))
+    with contextlib.ExitStack() as stack:
+        _progress(f"starting the gateway on port {gateway_port}")
+        gateway = stack.enter_context(servers.run_gateway(environ, folder, options))
+        _progress(f"starting the bare app on port {bare_port}")
+        stack.enter_context(servers.run_bare(bare_config, bare_port, folder, environ,
+                                             gateway.cafile))
+        targets = {"bare": Target("bare", bare_port, gateway.cafile),
+                   "gateway": Target("gateway", gateway_port, gateway.cafile)}
+        yield gateway, targets, config
+
+
+def measure(scenario: Scenario, gateway: Gateway, targets: dict[str, Target], load: Load,
+            wrk_path: str, folder: Path) -> report.ScenarioResult:
+    """Both targets under the scenario's load, alternating; a failure fails this one only."""
+    result = report.ScenarioResult(name=scenario.name, description=scenario.description,
+                                   method=scenario.request.method,
+                                   path=scenario.request.path)
+    try:
+        request = scenario.prepare(gateway)
+        held = scenario.hold.prepare(gateway) if scenario.hold else None
+        result.path = request.path
+        for target in targets.values():
+            _check(target, request, scenario.expected_status)
+        script = folder / f"{scenario.name}.lua"
+        script.write_text(wrk.lua_script(request))
+        if load.warmup:
+            for target in targets.values():
+                _progress(f"{scenario.name}: warm-up on {target.name}")
+                wrk.run(wrk_path, target.url(request.path), script, duration=load.warmup,
+                        connections=load.connections, threads=load.threads)
+        for number in range(load.rounds):
+            # Alternate which target goes first, so neither always runs warmer.
+            order = report.TARGETS if number % 2 == 0 else report.TARGETS[::-1]
+            for name in order:
+                run, stats = _measured_run(scenario, targets[name], request, held, script,
+                                           load, wrk_path)
+                result.targets[name].runs.append(run)
+                if stats:
+                    result.targets[name].holds.append(stats)
+                _progress(f"{scenario.name}: round {number + 1}/{load.rounds}, {name}: "
+                          f"{run.requests_per_second:,.0f} req/s, p99 {run.p99_ms:.2f} ms")
+    except (SetupError, ScenarioFailed, wrk.WrkError) as error:
+        result.error = str(error)
+        _progress(f"{scenario.name}: FAILED: {error}")
+    return result
+
+
+def _measured_run(scenario: Scenario, target: Target, request: Request, held: Request | None,
+                  script: Path, load: Load, wrk_path: str) -> tuple[wrk.Report, HoldStats | None]:
+    """One wrk run, with the scenario's held requests open around it when it has any."""
+    url = target.url(request.path)
+    if scenario.hold is None or held is None:
+        return wrk.run(wrk_path, url, script, duration=load.duration,
+                       connections=load.connections, threads=load.threads), None
+    holding = HeldRequests(servers.HOST, target.port, held, scenario.hold.count, target.cafile,
+                           scenario.hold.expected_status)
+    with holding:
+        run = wrk.run(wrk_path, url, script, duration=load.duration,
+                      connections=load.connections, threads=load.threads)
+    return run, holding.stats
+
+
+def _check(target: Target, request: Request, expected: int) -> None:
+    """One request answered as expected, before any load: else the numbers mean nothing.
+
+    Held requests are not checked this way (a long-poll would take its whole
+    wait); their statuses are counted while they run.
+    """
+    what = f"{request.method} {request.path}"
+    try:
+        status, body = send(servers.HOST, target.port, request, target.cafile)
+    except (OSError, http.client.HTTPException) as error:
+        raise ScenarioFailed(f"{target.name}: {what} failed: {error}") from None
+    if status != expected:
+        raise ScenarioFailed(f"{target.name} answered {what} with {status}, expected "
+                             f"{expected}: {body[:120]!r}")
+
+
+# --- facts and messages ------------------------------------------------------------
+
+
+def machine_facts(args: argparse.Namespace, load: Load, wrk_version: str,
+                  database: str) -> dict[str, str]:
+    """What a reader needs to compare this run with another one."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
+    return {
+        "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC",
+        "machine": f"{os.cpu_count()} CPUs ({usable} usable), {_cpu_model()}, "
+                   f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        "system": platform.platform(terse=True),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "servers": f"gunicorn {metadata.version('gunicorn')} gthread, {args.workers} workers "
+                   f"x {args.threads} threads, TLS on loopback; "
+                   f"Flask {metadata.version('flask')}",
+        "database": database,
+        "load": f"{wrk_version}, {load.threads} threads, {load.connections} connections, "
+                f"{load.duration} s per run",
+        "rounds": f"{load.rounds} per target, alternating, after {load.warmup} s warm-up",
+    }
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def _progress(message: str) -> None:
+    """Progress on stderr, so stdout holds only the header and the table."""
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+def _fail(message: str, status: int = 1) -> int:
+    print(f"bench: {message}", file=sys.stderr)
+    return status
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())
