@@ -7,8 +7,13 @@ from flask_wtf.csrf import CSRFProtect
 
 from gateway import db, resources, web
 from gateway.clock import Clock, SystemClock
+from gateway.credentials import api as credentials_api
+from gateway.credentials import views as account
 from gateway.elicitations import api as elicitations_api
+from gateway.elicitations import views as portal
 from gateway.elicitations.waiting import DEFAULT_SLOTS, WaitHub
+from gateway.identity import views as identity
+from gateway.identity.sessions import ServerSessionInterface
 from gateway.settings import Settings, load_settings
 from gateway.web import api, openapi, ratelimit
 
@@ -33,13 +38,14 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
         SECRET_KEY=settings.secret_key.reveal(),
         MAX_CONTENT_LENGTH=MAX_REQUEST_BYTES,
         PREFERRED_URL_SCHEME="https",
-        SESSION_COOKIE_SECURE=True,
-        SESSION_COOKIE_HTTPONLY=True,
-        SESSION_COOKIE_SAMESITE="Lax",
-        # Forms carry a CSRF token tied to the session; it must outlive the
-        # longest elicitation a user may keep open.
+        # Forms carry a CSRF token tied to the server-side session; it lives
+        # as long as that session does.
         WTF_CSRF_TIME_LIMIT=None,
-        WTF_CSRF_SSL_STRICT=True,
+        # Flask-WTF's strict mode compares the Referer with the host, but every
+        # page sends Referrer-Policy: no-referrer, so browsers send none. The
+        # token, the SameSite cookie and the Sec-Fetch-Site check in
+        # gateway.web.https stand instead.
+        WTF_CSRF_SSL_STRICT=False,
     )
     app.json.sort_keys = False  # type: ignore[attr-defined]  # keep documented field order
     app.extensions["gateway.settings"] = settings
@@ -49,9 +55,16 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     # and Flask has no URL adapter.
     app.jinja_env.globals["static_url"] = lambda name: f"{app.static_url_path}/{name}"
     db.init_app(app, settings.database_url)
+    app.session_interface = ServerSessionInterface(db.engine_of(app), app.extensions[
+        "gateway.clock"], settings)
     csrf.init_app(app)
     web.init_app(app, settings)
     ratelimit.init_app(app, settings)
-    api.init_app(app, settings, [elicitations_api.blueprint, openapi.blueprint])
+    api.init_app(app, settings, [elicitations_api.blueprint, credentials_api.blueprint,
+                                 openapi.blueprint])
+    ratelimit.limit_logins(app, identity.blueprint, settings)
+    app.register_blueprint(identity.blueprint)
+    app.register_blueprint(portal.blueprint)
+    app.register_blueprint(account.blueprint)
     app.extensions["gateway.waits"] = WaitHub(db.engine_of(app), slots=wait_slots)
     return app

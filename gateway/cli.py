@@ -31,6 +31,7 @@ FEATURE_COMMANDS: Final = {
     "db": "gateway.migrations.cli:db",
     "clients": "gateway.clients.cli:clients",
     "elicitations": "gateway.elicitations.cli:elicitations",
+    "users": "gateway.identity.cli:users",
 }
 
 

@@ -2,7 +2,9 @@
 
 from gateway.audit.models import AuditEvent
 from gateway.clients.models import ApiToken, Client, WebhookSecret
+from gateway.credentials.models import Credential
 from gateway.elicitations.models import Elicitation, IdempotencyRecord
+from gateway.identity.models import BrowserSession, User
 
-__all__ = ["ApiToken", "AuditEvent", "Client", "Elicitation", "IdempotencyRecord",
-           "WebhookSecret"]
+__all__ = ["ApiToken", "AuditEvent", "BrowserSession", "Client", "Credential", "Elicitation",
+           "IdempotencyRecord", "User", "WebhookSecret"]

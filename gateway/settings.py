@@ -87,6 +87,8 @@ class Settings:
     outbound_allow_insecure_hosts: tuple[str, ...] = ()
     log_level: str = "info"
     credential_types_file: Path | None = None
+    session_idle_minutes: int = 15
+    session_max_hours: int = 8
 
     @property
     def public_host(self) -> str:
@@ -246,6 +248,9 @@ def _validate(values: dict[str, Any]) -> Settings:
     _check_choice(values, "log_level", ("debug", "info", "warning", "error"))
     if values.get("proxy_hops", 0) < 0:
         raise SettingsError(env_name("proxy_hops"), "must be 0 or more")
+    for key in ("session_idle_minutes", "session_max_hours"):
+        if values.get(key, 1) < 1:
+            raise SettingsError(env_name(key), "must be 1 or more")
     if values.get("login_backend") == "oidc":
         for key in ("oidc_issuer", "oidc_client_id", "oidc_client_secret"):
             if not values.get(key):

@@ -14,11 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from flask import current_app
+
 from gateway.files import FileError, check_private
 from gateway.settings import Settings
 
 KEY_BYTES: Final = 32
 KEYRING_FILE: Final = "keyring"
+EXTENSION: Final = "gateway.keyring"
 _ENTRY = re.compile(r"v([1-9][0-9]*):(\S+)")
 
 
@@ -82,6 +85,15 @@ def load_keyring(settings: Settings) -> Keyring:
         return parse_keyring([e for e in entries if e.strip()], "GATEWAY_ENCRYPTION_KEYS")
     path = settings.instance_path / KEYRING_FILE
     return read_keyring_file(path)
+
+
+def current_keyring() -> Keyring:
+    """The keyring of the current app, read on first use."""
+    found: Keyring | None = current_app.extensions.get(EXTENSION)
+    if found is None:
+        found = load_keyring(current_app.extensions["gateway.settings"])
+        current_app.extensions[EXTENSION] = found
+    return found
 
 
 def read_keyring_file(path: Path) -> Keyring:

@@ -15,6 +15,7 @@ from flask import Flask, current_app, redirect, request
 from werkzeug.middleware.proxy_fix import ProxyFix
 from werkzeug.wrappers import Response
 
+from gateway.errors import GatewayError
 from gateway.settings import Settings
 from gateway.web.errors import HttpsRequired, is_api_request
 
@@ -42,6 +43,28 @@ def init_app(app: Flask, settings: Settings) -> None:
             app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_port=hops
         )
     app.before_request(_enforce_https)
+    app.before_request(_refuse_cross_site_forms)
+
+
+class CrossSiteRequest(GatewayError):
+    status = 403
+    code = "cross-site-request"
+    title = "Refused a request from another site"
+
+
+# Methods that change nothing; anything else on a page must come from a page of ours.
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _refuse_cross_site_forms() -> None:
+    # Fetch metadata (Sec-Fetch-Site) is set by the browser and cannot be
+    # forged by a page; it refuses cross-site form posts before the CSRF
+    # token is even looked at. The API is exempt: its callers are servers.
+    if request.method in _SAFE_METHODS or is_api_request():
+        return
+    if request.headers.get("Sec-Fetch-Site", "same-origin") in ("cross-site", "same-site"):
+        raise CrossSiteRequest("This form was sent from another site, so it was refused. "
+                               "Open the page on this site and try again.")
 
 
 def _enforce_https() -> Response | None:

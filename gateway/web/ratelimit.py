@@ -7,7 +7,7 @@ client over its limit gets 429 with Retry-After, as problem+json.
 
 from __future__ import annotations
 
-from flask import Blueprint, Flask, current_app, g, request
+from flask import Blueprint, Flask, Response, current_app, g, request
 from flask_limiter import Limiter
 
 from gateway.settings import Settings
@@ -38,6 +38,36 @@ def limit_api(app: Flask, blueprint: Blueprint, settings: Settings) -> None:
     limiter: Limiter = app.extensions[EXTENSION]
     limiter.limit(settings.ratelimit_api, key_func=token_key, scope="api-token")(blueprint)
     limiter.limit(settings.ratelimit_api_ip, key_func=source_address, scope="api-ip")(blueprint)
+
+
+def limit_logins(app: Flask, blueprint: Blueprint, settings: Settings) -> None:
+    """Count failed logins per account and per address; past the limit, refuse them all.
+
+    Only failures count (a login that fails answers 401), but once the limit
+    is reached every attempt gets 429 until the window ends, the right
+    password included: otherwise the limit would tell a guesser when it hit.
+    """
+    limiter: Limiter = app.extensions[EXTENSION]
+    message = "Too many failed logins. Wait a few minutes, then try again."
+    for key_func, scope in ((login_account_key, "login-account"),
+                            (source_address, "login-ip")):
+        limiter.limit(settings.ratelimit_login, key_func=key_func, scope=scope,
+                      methods=["POST"], deduct_when=_failed_login, error_message=message,
+                      exempt_when=_not_a_login)(blueprint)
+
+
+def _not_a_login() -> bool:
+    # The limits sit on the identity blueprint; only its login form counts.
+    return request.endpoint != "identity.login_submit"
+
+
+def _failed_login(response: Response) -> bool:
+    return response.status_code == 401
+
+
+def login_account_key() -> str:
+    # Case-folded, as logins are: "Alice" and "alice" share one budget.
+    return "account:" + request.form.get("username", "").strip().lower()[:64]
 
 
 def source_address() -> str:

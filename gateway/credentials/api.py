@@ -1,0 +1,69 @@
+"""``/api/v1/credentials``: the owning client lists, reveals and revokes keys."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from flask import Blueprint, Response, current_app, jsonify, request
+
+from gateway import db
+from gateway.clock import Clock
+from gateway.credentials import service
+from gateway.errors import InvalidInput
+from gateway.vault.keyring import current_keyring
+from gateway.web.api import current_client
+
+blueprint = Blueprint("credentials", __name__, url_prefix="/credentials")
+
+MAX_PAGE: Final = 100
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,4}")
+
+
+def _clock() -> Clock:
+    clock: Clock = current_app.extensions["gateway.clock"]
+    return clock
+
+
+def _actor() -> str:
+    return f"client:{current_client().id}"
+
+
+@blueprint.get("")
+def list_credentials() -> Response:
+    """Metadata of the client's credentials, newest first; never a secret."""
+    raw_limit = request.args.get("limit", "50")
+    if not _WHOLE_NUMBER.fullmatch(raw_limit) or not 1 <= int(raw_limit) <= MAX_PAGE:
+        raise InvalidInput(f"limit is a whole number from 1 to {MAX_PAGE}", field="limit")
+    status = request.args.get("status", "active")
+    if status not in ("active", "all"):
+        raise InvalidInput("status is active or all", field="status")
+    with db.transaction() as session:
+        page, next_cursor = service.list_for_client(
+            session, current_client().id, subject_iss=request.args.get("subject_iss"),
+            subject_sub=request.args.get("subject_sub"), type_id=request.args.get("type"),
+            include_revoked=status == "all", cursor=request.args.get("cursor"),
+            limit=int(raw_limit))
+        items = [service.represent(credential) for credential in page]
+    return jsonify(items=items, next_cursor=next_cursor)
+
+
+@blueprint.post("/<credential_id>/reveal")
+def reveal(credential_id: str) -> Response:
+    """The plaintext key, for the MCP server that asked for it; audited, never cached."""
+    with db.transaction() as session:
+        credential = service.get_for_client(session, current_client().id, credential_id)
+        secret = service.reveal_for_client(session, _clock(), current_keyring(), credential,
+                                           actor=_actor(), source_ip=request.remote_addr)
+    return jsonify(id=credential.id, type=credential.type, secret=secret)
+
+
+@blueprint.delete("/<credential_id>")
+def revoke(credential_id: str) -> Response:
+    """Revoke a credential; it can no longer be revealed."""
+    with db.transaction() as session:
+        credential = service.get_for_client(session, current_client().id, credential_id)
+        service.revoke(session, _clock(), credential, actor=_actor(),
+                       source_ip=request.remote_addr)
+        answer = service.represent(credential)
+    return jsonify(answer)

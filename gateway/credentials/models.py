@@ -1,0 +1,35 @@
+"""Credentials users handed over, sealed by the vault."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import ForeignKey, Index, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from gateway.db import Base, UTCDateTime
+from gateway.vault.models import SealedColumns
+
+
+class Credential(SealedColumns, Base):
+    """One user's key for one client and type; readable only through the vault."""
+
+    __tablename__ = "credentials"
+    __table_args__ = (
+        Index("ix_credentials_owner", "client_id", "subject_iss", "subject_sub", "type"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    client_id: Mapped[str] = mapped_column(ForeignKey("clients.id"))
+    subject_iss: Mapped[str] = mapped_column(String(500))
+    subject_sub: Mapped[str] = mapped_column(String(255))
+    type: Mapped[str] = mapped_column(String(50))
+    # Enough to recognise the key ("sk-…a1b2"), never enough to use it.
+    hint: Mapped[str] = mapped_column(String(20))
+    elicitation_id: Mapped[str] = mapped_column(ForeignKey("elicitations.id"), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    @property
+    def live(self) -> bool:
+        return self.revoked_at is None

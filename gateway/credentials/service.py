@@ -1,0 +1,205 @@
+"""Capturing a key: check it, seal it, store it and complete the elicitation, at once.
+
+The plaintext exists only in this request's memory: it is never logged,
+never echoed back (not even in an error), and written only as ciphertext
+bound to its row.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from sqlalchemy import and_, delete, or_, select
+from sqlalchemy.orm import Session
+
+from gateway.audit import service as audit
+from gateway.clients.models import Client
+from gateway.clock import Clock
+from gateway.credentials.catalog import CredentialType
+from gateway.credentials.models import Credential
+from gateway.elicitations import lifecycle
+from gateway.elicitations.lifecycle import Status
+from gateway.elicitations.models import Elicitation
+from gateway.errors import Conflict, GatewayError, NotFound
+from gateway.pagination import decode_cursor, encode_cursor, timestamp
+from gateway.tokens import new_id
+from gateway.vault.envelope import bind, reveal_plaintext, seal
+from gateway.vault.keyring import Keyring
+
+HINT_TAIL: Final = 4
+
+
+class InvalidSecret(GatewayError):
+    """The key does not fit its type; the message says how, never what was typed."""
+
+    status = 422
+    code = "invalid-secret"
+    title = "This key does not look right"
+
+
+def check_shape(credential_type: CredentialType, secret: str) -> None:
+    """Refuse a key of the wrong length or pattern, without repeating it."""
+    label = credential_type.label
+    if not secret:
+        raise InvalidSecret(f"Enter your {label}.")
+    if len(secret) < credential_type.min_length:
+        raise InvalidSecret(f"A {label} has at least {credential_type.min_length} characters.")
+    if len(secret) > credential_type.max_length:
+        raise InvalidSecret(f"A {label} has at most {credential_type.max_length} characters.")
+    if any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 for ch in secret):
+        raise InvalidSecret(f"A {label} has no line breaks, tabs or other control "
+                            "characters. Copy just the key and try again.")
+    if credential_type.pattern is not None and not credential_type.pattern.fullmatch(secret):
+        raise InvalidSecret(f"This does not look like a {label}. Check that you copied the "
+                            "whole key, with nothing before or after it.")
+
+
+def hint_of(secret: str) -> str:
+    """The last few characters, for the user and the MCP server to recognise the key."""
+    if len(secret) <= HINT_TAIL * 3:
+        return "…"
+    return "…" + secret[-HINT_TAIL:]
+
+
+def binding(credential: Credential) -> bytes:
+    """The associated data that ties a credential's ciphertext to its row."""
+    return bind(purpose="credential", id=credential.id, client_id=credential.client_id,
+                subject_iss=credential.subject_iss, subject_sub=credential.subject_sub,
+                type=credential.type)
+
+
+def capture(session: Session, clock: Clock, keyring: Keyring, elicitation: Elicitation,
+            credential_type: CredentialType, secret: str, *, actor: str,
+            source_ip: str | None) -> Credential:
+    """Store the key and complete the elicitation, in the caller's transaction."""
+    check_shape(credential_type, secret)
+    now = clock.now()
+    credential = Credential(
+        id=new_id("cr_", 15), client_id=elicitation.client_id,
+        subject_iss=elicitation.subject_iss, subject_sub=elicitation.subject_sub,
+        type=credential_type.id, hint=hint_of(secret), elicitation_id=elicitation.id,
+        created_at=now)
+    credential.envelope = seal(keyring, secret.encode(), binding(credential))
+    superseded = _supersede(session, credential, now)
+    session.add(credential)
+    lifecycle.transition(session, clock, elicitation, Status.COMPLETED, actor=actor,
+                         source_ip=source_ip, details={"credential_id": credential.id})
+    audit.record(session, clock, actor=actor, action="credential.captured",
+                 target=credential.id, source_ip=source_ip,
+                 details={"client_id": credential.client_id, "type": credential.type,
+                          "elicitation_id": elicitation.id, "superseded": superseded})
+    return credential
+
+
+def _supersede(session: Session, credential: Credential, now: datetime) -> list[str]:
+    # A new key for the same client, user and type replaces the old one: the
+    # MCP server must not go on using a key the user has replaced.
+    older = session.scalars(select(Credential).where(
+        Credential.client_id == credential.client_id,
+        Credential.subject_iss == credential.subject_iss,
+        Credential.subject_sub == credential.subject_sub,
+        Credential.type == credential.type,
+        Credential.revoked_at.is_(None))).all()
+    for previous in older:
+        previous.revoked_at = now
+    return [previous.id for previous in older]
+
+
+def reveal_secret(keyring: Keyring, credential: Credential) -> str:
+    """The plaintext key; call only to hand it to its owner's MCP server."""
+    return reveal_plaintext(keyring, credential.envelope, binding(credential)).decode()
+
+
+# --- the owning client's view ------------------------------------------------------
+
+
+def represent(credential: Credential) -> dict[str, Any]:
+    """A credential's metadata as the API shows it; never the secret."""
+    return {
+        "id": credential.id,
+        "type": credential.type,
+        "hint": credential.hint,
+        "status": "active" if credential.live else "revoked",
+        "subject": {"iss": credential.subject_iss, "sub": credential.subject_sub},
+        "elicitation_id": credential.elicitation_id,
+        "created_at": timestamp(credential.created_at),
+        "revoked_at": timestamp(credential.revoked_at),
+    }
+
+
+def get_for_client(session: Session, client_id: str, credential_id: str) -> Credential:
+    """The client's credential; another client's is reported exactly like an unknown one."""
+    credential = session.get(Credential, credential_id)
+    if credential is None or credential.client_id != client_id:
+        raise NotFound(f"no credential {credential_id!r}")
+    return credential
+
+
+def list_for_client(session: Session, client_id: str, *, subject_iss: str | None,
+                    subject_sub: str | None, type_id: str | None, include_revoked: bool,
+                    cursor: str | None, limit: int) -> tuple[list[Credential], str | None]:
+    """One page of the client's credentials, newest first, and the next cursor."""
+    query = select(Credential).where(Credential.client_id == client_id)
+    for column, value in ((Credential.subject_iss, subject_iss),
+                          (Credential.subject_sub, subject_sub), (Credential.type, type_id)):
+        if value is not None:
+            query = query.where(column == value)
+    if not include_revoked:
+        query = query.where(Credential.revoked_at.is_(None))
+    if cursor is not None:
+        created_at, last_id = decode_cursor(cursor)
+        query = query.where(or_(Credential.created_at < created_at,
+                                and_(Credential.created_at == created_at,
+                                     Credential.id < last_id)))
+    rows = list(session.scalars(query.order_by(Credential.created_at.desc(),
+                                               Credential.id.desc()).limit(limit + 1)))
+    page = rows[:limit]
+    more = len(rows) > limit and page
+    return page, encode_cursor(page[-1].created_at, page[-1].id) if more else None
+
+
+def reveal_for_client(session: Session, clock: Clock, keyring: Keyring, credential: Credential,
+                      *, actor: str, source_ip: str | None) -> str:
+    """The plaintext for the owning client's MCP server; audited."""
+    if not credential.live:
+        raise Conflict("this credential was revoked; ask the user for a new one")
+    secret = reveal_secret(keyring, credential)
+    audit.record(session, clock, actor=actor, action="credential.revealed",
+                 target=credential.id, source_ip=source_ip,
+                 details={"client_id": credential.client_id, "type": credential.type})
+    return secret
+
+
+def revoke(session: Session, clock: Clock, credential: Credential, *, actor: str,
+           source_ip: str | None) -> Credential:
+    """Revoke a credential: it can no longer be revealed."""
+    if not credential.live:
+        raise Conflict("this credential was revoked already")
+    credential.revoked_at = clock.now()
+    audit.record(session, clock, actor=actor, action="credential.revoked",
+                 target=credential.id, source_ip=source_ip,
+                 details={"client_id": credential.client_id, "type": credential.type})
+    return credential
+
+
+def list_for_subject(session: Session, subject_iss: str,
+                     subject_sub: str) -> list[tuple[Credential, str]]:
+    """A user's live credentials across clients, with each client's name, newest first."""
+    rows = session.execute(
+        select(Credential, Client.name).join(Client, Client.id == Credential.client_id)
+        .where(Credential.subject_iss == subject_iss, Credential.subject_sub == subject_sub,
+               Credential.revoked_at.is_(None))
+        .order_by(Credential.created_at.desc()))
+    return [(credential, name) for credential, name in rows]
+
+
+def purge_revoked(session: Session, clock: Clock, older_than: timedelta, *, actor: str) -> int:
+    """Delete revoked credentials (ciphertext and all) revoked before ``older_than`` ago."""
+    cutoff = clock.now() - older_than
+    ids = list(session.scalars(select(Credential.id).where(Credential.revoked_at < cutoff)))
+    if ids:
+        session.execute(delete(Credential).where(Credential.id.in_(ids)))
+    audit.record(session, clock, actor=actor, action="credential.purged",
+                 details={"count": len(ids), "revoked_before": timestamp(cutoff)})
+    return len(ids)

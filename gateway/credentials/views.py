@@ -1,0 +1,54 @@
+"""``/account``: the signed-in user's stored keys, and revoking them."""
+
+from __future__ import annotations
+
+from flask import Blueprint, current_app, redirect, render_template, request
+from werkzeug.wrappers import Response
+
+from gateway import db
+from gateway.clock import Clock
+from gateway.credentials import service
+from gateway.credentials.models import Credential
+from gateway.errors import NotFound
+from gateway.identity.web import actor_of, current_subject, login_redirect
+from gateway.pagination import timestamp
+
+blueprint = Blueprint("account", __name__)
+
+
+def _clock() -> Clock:
+    clock: Clock = current_app.extensions["gateway.clock"]
+    return clock
+
+
+@blueprint.get("/account")
+def account() -> Response | str:
+    """Every key this user stored here, by app, with a hint and dates."""
+    subject = current_subject()
+    if subject is None:
+        return login_redirect(request.path)
+    with db.transaction() as session:
+        rows = [{"id": credential.id, "type": credential.type, "hint": credential.hint,
+                 "client": client_name, "created": f"{credential.created_at:%Y-%m-%d}",
+                 "created_iso": timestamp(credential.created_at)}
+                for credential, client_name in service.list_for_subject(
+                    session, subject.iss, subject.sub)]
+    return render_template("account.html", subject=subject, credentials=rows,
+                           revoked=request.args.get("revoked"))
+
+
+@blueprint.post("/account/credentials/<credential_id>/revoke")
+def revoke(credential_id: str) -> Response:
+    """Revoke one of the user's own keys; the app can no longer use it."""
+    subject = current_subject()
+    if subject is None:
+        return login_redirect("/account")
+    with db.transaction() as session:
+        credential = session.get(Credential, credential_id)
+        # Someone else's key is reported exactly like a missing one.
+        if credential is None or (credential.subject_iss, credential.subject_sub) != (
+                subject.iss, subject.sub):
+            raise NotFound("There is no such key in your account.")
+        service.revoke(session, _clock(), credential, actor=actor_of(subject),
+                       source_ip=request.remote_addr)
+    return redirect("/account?revoked=1", code=303)

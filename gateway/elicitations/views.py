@@ -1,0 +1,165 @@
+"""The portal page of an elicitation: ``/e/<id>``, behind the subject check.
+
+The check runs on every request, the page and each POST alike: a link
+forwarded to someone else shows them a refusal, stores nothing, and is
+recorded as ``identity_mismatch``. Only then does anything change.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from flask import Blueprint, current_app, render_template, request
+from sqlalchemy.orm import Session
+from werkzeug.wrappers import Response
+
+from gateway import db
+from gateway.audit import service as audit
+from gateway.clients.models import Client
+from gateway.clock import Clock
+from gateway.credentials import service as credentials
+from gateway.credentials.catalog import current_catalog
+from gateway.elicitations import lifecycle, service
+from gateway.elicitations.lifecycle import TERMINAL, Status
+from gateway.elicitations.models import Elicitation
+from gateway.errors import GatewayError, NotFound
+from gateway.identity.sessions import Subject
+from gateway.identity.web import actor_of, current_subject, login_redirect
+from gateway.vault.keyring import current_keyring
+
+blueprint = Blueprint("portal", __name__)
+
+Page = Response | str | tuple[str, int]
+
+ENDED: dict[str, tuple[str, str, str]] = {
+    Status.COMPLETED: ("Done", "ok", "This request is complete. Nothing more is needed here."),
+    Status.DECLINED: ("Declined", "", "You declined this request. Nothing was stored."),
+    Status.FAILED: ("Not completed", "danger", "This request could not be completed."),
+    Status.EXPIRED: ("This link has expired", "danger",
+                     "The time to answer this request has passed. Go back to the app and "
+                     "start again if you still want to."),
+    Status.CANCELLED: ("This request was withdrawn", "danger",
+                       "The app withdrew this request. Nothing was stored."),
+}
+
+
+class WrongAccount(GatewayError):
+    status = 403
+    code = "wrong-account"
+    title = "This link is for another account"
+
+
+def _clock() -> Clock:
+    clock: Clock = current_app.extensions["gateway.clock"]
+    return clock
+
+
+@blueprint.get("/e/<elicitation_id>")
+def show(elicitation_id: str) -> Page:
+    """The request, for the user it was made for; opening it moves it to ``opened``."""
+    subject = current_subject()
+    if subject is None:
+        return login_redirect(request.path)
+    with db.transaction() as session:
+        elicitation = _checked(session, elicitation_id, subject)
+        if elicitation.status in TERMINAL:
+            return _ended(session, elicitation)
+        if elicitation.status == Status.PENDING:
+            lifecycle.transition(session, _clock(), elicitation, Status.OPENED,
+                                 actor=actor_of(subject), source_ip=request.remote_addr)
+        return _render(session, elicitation, subject)
+
+
+@blueprint.post("/e/<elicitation_id>")
+def answer(elicitation_id: str) -> Page:
+    """Submit the key, or decline; the subject is checked again before anything is written."""
+    subject = current_subject()
+    if subject is None:
+        return login_redirect(request.path)
+    action = request.form.get("action")
+    with db.transaction() as session:
+        elicitation = _checked(session, elicitation_id, subject)
+        if elicitation.status in TERMINAL:
+            return _ended(session, elicitation)
+        if elicitation.status == Status.PENDING:
+            lifecycle.transition(session, _clock(), elicitation, Status.OPENED,
+                                 actor=actor_of(subject), source_ip=request.remote_addr)
+        if action == "decline":
+            lifecycle.transition(session, _clock(), elicitation, Status.DECLINED,
+                                 actor=actor_of(subject), source_ip=request.remote_addr)
+            return _ended(session, elicitation)
+        if action == "submit" and elicitation.kind == "api_key":
+            return _capture(session, elicitation, subject)
+    raise GatewayError("This form sent an action the page does not have. Reload the page.")
+
+
+def _capture(session: Session, elicitation: Elicitation, subject: Subject) -> Page:
+    credential_type = current_catalog().get(elicitation.credential_type or "")
+    if credential_type is None:
+        raise GatewayError("This kind of key is no longer accepted here. Go back to the app.")
+    secret = request.form.get("secret", "")
+    try:
+        credentials.check_shape(credential_type, secret)
+    except credentials.InvalidSecret as error:
+        page = _render(session, elicitation, subject, error=error.detail)
+        return page, error.status
+    credentials.capture(session, _clock(), current_keyring(), elicitation, credential_type, secret,
+                        actor=actor_of(subject), source_ip=request.remote_addr)
+    return _ended(session, elicitation)
+
+
+def _checked(session: Session, elicitation_id: str, subject: Subject) -> Elicitation:
+    """The elicitation, if it exists and was made for this subject; expired if overdue."""
+    elicitation = session.get(Elicitation, elicitation_id)
+    if elicitation is None:
+        raise NotFound("This link is not valid. Go back to the app that sent it and open its "
+                       "link again.")
+    if (subject.iss, subject.sub) != (elicitation.subject_iss, elicitation.subject_sub):
+        _refuse(elicitation, subject)
+    service.expire_if_overdue(session, _clock(), elicitation)
+    return elicitation
+
+
+def _refuse(elicitation: Elicitation, subject: Subject) -> None:
+    # Recorded in a transaction of its own: the refusal stands even though
+    # the request's own transaction is rolled back by the error.
+    with db.engine().begin() as connection, Session(bind=connection) as record:
+        audit.record(record, _clock(), actor=actor_of(subject), action="identity_mismatch",
+                     outcome="denied", target=elicitation.id, source_ip=request.remote_addr,
+                     details={"client_id": elicitation.client_id, "method": request.method})
+        record.flush()
+    raise WrongAccount("This link was created for another account.")
+
+
+def _render(session: Session, elicitation: Elicitation, subject: Subject,
+            error: str | None = None) -> str:
+    client = session.get(Client, elicitation.client_id)
+    context: dict[str, Any] = {
+        "elicitation": elicitation, "client": client, "subject": subject, "error": error,
+        "expires_iso": service.timestamp(elicitation.expires_at),
+        "expires_text": _expiry_text(elicitation.expires_at, _clock().now()),
+    }
+    if elicitation.kind == "api_key":
+        credential_type = current_catalog().get(elicitation.credential_type or "")
+        label = credential_type.label if credential_type else "an API key"
+        return render_template("elicitation_api_key.html", asked=f"your {label}",
+                               credential_type=credential_type, **context)
+    return render_template("elicitation.html", asked="a payment", **context)
+
+
+def _ended(session: Session, elicitation: Elicitation) -> str:
+    heading, tone, text = ENDED[Status(elicitation.status)]
+    client = session.get(Client, elicitation.client_id)
+    return render_template("elicitation_ended.html", heading=heading, tone=tone, text=text,
+                           client=client)
+
+
+def _expiry_text(expires_at: datetime, now: datetime) -> str:
+    minutes = max(0, int((expires_at - now).total_seconds() // 60))
+    when = expires_at.strftime("%H:%M UTC")
+    if minutes < 1:
+        return f"{when} (in less than a minute)"
+    if minutes < 120:
+        return f"{when} (in {minutes} minute{'s' if minutes != 1 else ''})"
+    return f"{expires_at:%Y-%m-%d %H:%M} UTC (in {minutes // 60} hours)"

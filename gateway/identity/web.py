@@ -1,0 +1,64 @@
+"""The subject of the browser's session, and sending a visitor to log in."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode, urlsplit
+
+from flask import redirect, session, url_for
+from werkzeug.wrappers import Response
+
+from gateway.identity.sessions import ServerSession, Subject
+
+SAFE_FALLBACK = "/"
+
+
+def current_subject() -> Subject | None:
+    """Who this browser's session belongs to, if anyone has logged in."""
+    current = session._get_current_object()  # type: ignore[attr-defined]
+    return current.subject if isinstance(current, ServerSession) else None
+
+
+def actor_of(subject: Subject) -> str:
+    """The audit trail's name for a signed-in user."""
+    return f"user:{subject.sub}@{subject.iss}"
+
+
+def log_in(subject: Subject) -> None:
+    """Bind the session to ``subject`` under a new id (the old one stops working)."""
+    _server_session().log_in(subject)
+
+
+def log_out() -> None:
+    """End the session: its row is deleted, its cookie removed."""
+    _server_session().end()
+
+
+def _server_session() -> ServerSession:
+    current = session._get_current_object()  # type: ignore[attr-defined]
+    assert isinstance(current, ServerSession), "the server-side session interface is not set"
+    return current
+
+
+def login_redirect(next_path: str) -> Response:
+    """Send the visitor to log in, and back to ``next_path`` afterwards."""
+    return redirect(url_for("identity.login") + "?" + urlencode({"next": safe_next(next_path)}))
+
+
+def safe_next(candidate: str | None) -> str:
+    """A path on this site to return to after login; anything else becomes ``/``.
+
+    Refuses what a browser could read as another site: absolute URLs
+    (``https:evil``), scheme-relative ones (``//evil``, ``/\\evil``, which
+    browsers treat like ``//``), userinfo tricks, and control characters or
+    whitespace, which browsers strip before parsing (``/\\t/evil``).
+    """
+    if not candidate or not candidate.startswith("/"):
+        return SAFE_FALLBACK
+    if candidate.startswith("//") or "\\" in candidate:
+        return SAFE_FALLBACK
+    if any(ord(ch) < 0x21 or ord(ch) == 0x7F for ch in candidate):
+        return SAFE_FALLBACK
+    parts = urlsplit(candidate)
+    if parts.scheme or parts.netloc:
+        return SAFE_FALLBACK
+    return candidate

@@ -1,0 +1,1 @@
+"""Webhooks to MCP servers, and the one guarded HTTP client every outbound call uses."""

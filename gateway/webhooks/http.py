@@ -1,0 +1,408 @@
+"""The one HTTP client that may call out of the gateway, guarded against SSRF.
+
+API clients choose the URLs the gateway calls (webhooks, live key checks).
+Without a guard, anyone able to register a client could make the gateway
+fetch from inside its own network: the cloud metadata service on
+169.254.169.254, an admin port on 127.0.0.1, a database on 10.0.0.5. Checking
+the URL once is not enough: a name can resolve to a public address when it is
+checked and to an internal one when the socket connects (DNS rebinding), a
+redirect can point anywhere, and a proxy from the environment would connect in
+our place. So the rules live in the transport and hold for every connection a
+session opens, whoever built the session (``guard_session`` also fits Authlib's
+``OAuth2Session``):
+
+- https only;
+- the host is resolved once (IPv4 and IPv6) and refused if any address is not
+  public (:func:`blocked_reason`);
+- the socket connects to an address from that one, checked lookup, while TLS
+  still checks the certificate against the host *name* (SNI and hostname
+  verification use the name from the URL, never the address);
+- redirects are never followed, proxies never used, TLS verification never
+  off, and a request without a timeout gets :data:`DEFAULT_TIMEOUT`.
+
+A refusal raises :class:`BlockedDestination`. It is deliberately not a
+``requests.RequestException``: a refused destination will not get better on a
+retry, so callers handle it apart from transport failures.
+
+For development only, ``outbound_allow_insecure_hosts`` lists ``host:port``
+entries the gateway may reach over plain http and on non-public addresses.
+An entry lifts the address check for that exact host and port under either
+scheme, so a local receiver can be reached over https too, with its
+certificate verified as usual.
+
+Testing: the policy carries two seams, ``resolve`` (name to addresses) and
+``connect`` (address to socket), so tests refuse names without DNS and see
+which address a socket was opened to. The https path is tested end to end on
+loopback without loosening any rule: a fake resolver gives a test name a
+public address, and a fake connector records that address and hands back a
+socket to a local TLS server holding a certificate for the name. The guard
+runs unchanged; only the wire is redirected, and a certificate for another
+name is shown to be refused. An insecure entry for ``localhost`` is tested
+against the same kind of server with the real resolver.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeVar
+from urllib.parse import urlsplit
+
+import requests
+from requests.adapters import BaseAdapter, HTTPAdapter
+from requests.models import PreparedRequest, Response
+from requests.utils import select_proxy
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
+from urllib3.poolmanager import PoolManager
+
+from gateway.settings import Settings, SettingsError, env_name
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+Resolver = Callable[[str, int], Sequence[str]]
+Connector = Callable[[IPAddress, int, float | None], socket.socket]
+Timeout = float | tuple[float | None, float | None] | None
+
+DEFAULT_TIMEOUT: Final = (5.0, 15.0)  # (connect, read) seconds
+DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+
+_CGNAT: Final = ipaddress.ip_network("100.64.0.0/10")
+_NAT64: Final = ipaddress.ip_network("64:ff9b::/96")
+# Special-purpose ranges that Python 3.11's ipaddress still calls global.
+_SPECIAL_PURPOSE: Final = tuple(ipaddress.ip_network(network) for network in (
+    "192.0.0.0/24",     # IETF protocol assignments
+    "192.88.99.0/24",   # 6to4 relay anycast, deprecated
+    "3fff::/20",        # documentation (RFC 9637)
+    "fec0::/10",        # site-local, deprecated
+))
+
+
+class BlockedDestination(Exception):
+    """The guard refused an outbound request; the message says what and why."""
+
+    def __init__(self, destination: str, reason: str) -> None:
+        super().__init__(f"outbound request to {destination} refused: {reason}")
+        self.destination = destination
+        self.reason = reason
+
+
+# --- which addresses are public ---------------------------------------------------------
+
+
+def blocked_reason(address: IPAddress) -> str | None:
+    """Why the gateway must not connect to ``address``, or None if it is public."""
+    embedded = _embedded_ipv4(address)
+    if embedded is not None:
+        reason = blocked_reason(embedded)
+        return None if reason is None else f"a form of {embedded}, which is {reason}"
+    for reason, matches in _RANGES:
+        if matches(address):
+            return reason
+    return None
+
+
+def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address stands for (mapped, NAT64, 6to4), if any."""
+    if isinstance(address, ipaddress.IPv4Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return address.sixtofour
+
+
+_RANGES: Final[tuple[tuple[str, Callable[[IPAddress], bool]], ...]] = (
+    ("unspecified", lambda address: address.is_unspecified),
+    ("loopback", lambda address: address.is_loopback),
+    ("link-local", lambda address: address.is_link_local),
+    ("multicast", lambda address: address.is_multicast),
+    ("shared address space (CGNAT)", lambda address: address in _CGNAT),
+    ("private or special-purpose", lambda address: address.is_private),
+    ("reserved", lambda address: address.is_reserved),
+    ("special-purpose", lambda address: any(address in net for net in _SPECIAL_PURPOSE)),
+    ("not globally routable", lambda address: not address.is_global),
+)
+
+
+# --- the real resolver and connector -------------------------------------------------------
+
+
+def resolve_host(host: str, port: int) -> list[str]:
+    """Every address ``host`` resolves to, IPv4 and IPv6, in the resolver's order."""
+    results = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(sockaddr[0]) for *_, sockaddr in results))
+
+
+def open_connection(address: IPAddress, port: int, timeout: float | None) -> socket.socket:
+    """A TCP socket connected to exactly ``address``, with no name lookup."""
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect((str(address), port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+# --- the policy --------------------------------------------------------------------------
+
+
+def host_key(host: str, port: int) -> str:
+    """``host:port`` as the insecure-host list spells it, IPv6 in brackets."""
+    host = host.lower().rstrip(".")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _origin(scheme: str, host: str, port: int) -> str:
+    """The part of a URL a refusal may show: never credentials, path or query."""
+    return f"{scheme}://{host_key(host, port) if port else host}"
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundPolicy:
+    """Where outbound calls may go. Build it with :meth:`from_settings`."""
+
+    insecure_hosts: frozenset[str] = frozenset()
+    timeout: tuple[float, float] = DEFAULT_TIMEOUT
+    resolve: Resolver = field(default=resolve_host, repr=False, compare=False)
+    connect: Connector = field(default=open_connection, repr=False, compare=False)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> OutboundPolicy:
+        """The policy of ``settings``; a malformed insecure-host entry is a SettingsError."""
+        return cls(insecure_hosts=frozenset(
+            _parse_host_entry(entry) for entry in settings.outbound_allow_insecure_hosts
+        ))
+
+    def allows_insecure(self, host: str, port: int) -> bool:
+        """Whether ``host:port`` is a development host: plain http and any address."""
+        return host_key(host, port) in self.insecure_hosts
+
+    def check_scheme(self, scheme: str, host: str, port: int) -> None:
+        """Refuse anything but https, and http to a host:port not listed as insecure."""
+        if scheme == "https" or (scheme == "http" and self.allows_insecure(host, port)):
+            return
+        destination = _origin(scheme, host, port)
+        if scheme != "http":
+            raise BlockedDestination(destination, "only https is allowed")
+        listing = env_name("outbound_allow_insecure_hosts")
+        raise BlockedDestination(destination, f"plain http only to hosts listed in {listing}")
+
+    def checked_addresses(self, scheme: str, host: str, port: int) -> list[IPAddress]:
+        """The addresses to connect to, from one lookup, each one checked."""
+        self.check_scheme(scheme, host, port)
+        addresses = self._lookup(host, port)
+        if not self.allows_insecure(host, port):
+            for address in addresses:
+                reason = blocked_reason(address)
+                if reason is not None:
+                    destination = _origin(scheme, host, port)
+                    raise BlockedDestination(destination, f"{address} is {reason}")
+        return addresses
+
+    def _lookup(self, host: str, port: int) -> list[IPAddress]:
+        try:
+            return [ipaddress.ip_address(host)]
+        except ValueError:
+            pass  # a name, not a literal address
+        addresses = [ipaddress.ip_address(address) for address in self.resolve(host, port)]
+        if not addresses:
+            raise socket.gaierror(socket.EAI_NONAME, f"{host} has no address")
+        return addresses
+
+
+def _parse_host_entry(entry: str) -> str:
+    """``Host:port`` from the settings as :func:`host_key` spells it."""
+    malformed = SettingsError(
+        env_name("outbound_allow_insecure_hosts"), f"expected host:port entries, got {entry!r}",
+    )
+    try:
+        parts = urlsplit("//" + entry.strip())
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        raise malformed from None
+    if not host or port is None or parts.username or parts.path or parts.query or parts.fragment:
+        raise malformed
+    return host_key(host, port)
+
+
+# --- urllib3: connections that open only checked sockets ------------------------------------
+
+
+def _open_checked(connection: HTTPConnection, policy: OutboundPolicy, scheme: str) -> socket.socket:
+    """A socket to ``connection``'s host via the policy; urllib3's own lookup never runs."""
+    if connection.source_address is not None:
+        raise ValueError("guarded connections do not bind a source address")
+    port = connection.port or DEFAULT_PORTS[scheme]
+    try:
+        addresses = policy.checked_addresses(scheme, connection.host, port)
+        sock = _connect_any(addresses, port, _socket_timeout(connection.timeout), policy.connect)
+    except socket.gaierror as error:
+        raise NameResolutionError(connection.host, connection, error) from error
+    except TimeoutError as error:
+        message = f"connecting to {connection.host} timed out after {connection.timeout} s"
+        raise ConnectTimeoutError(connection, message) from error
+    except OSError as error:
+        message = f"Failed to establish a new connection: {error}"
+        raise NewConnectionError(connection, message) from error
+    for option in connection.socket_options or ():
+        sock.setsockopt(*option)
+    sys.audit("http.client.connect", connection, connection.host, port)
+    return sock
+
+
+def _connect_any(addresses: Iterable[IPAddress], port: int, timeout: float | None,
+                 connect: Connector) -> socket.socket:
+    """The first of the checked addresses that accepts, like the system's own fallback."""
+    error = OSError("no address to connect to")
+    for address in addresses:
+        try:
+            return connect(address, port, timeout)
+        except OSError as failure:
+            error = failure
+    raise error
+
+
+def _socket_timeout(value: object) -> float | None:
+    """urllib3's timeout as the socket takes it; its "default" marker means the global one."""
+    if value is None or isinstance(value, int | float):
+        return value
+    return socket.getdefaulttimeout()
+
+
+class GuardedHTTPConnection(HTTPConnection):
+    """A plain-http connection that only reaches hosts the policy lists as insecure."""
+
+    def __init__(self, *args: Any, policy: OutboundPolicy, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.policy = policy
+
+    def _new_conn(self) -> socket.socket:
+        return _open_checked(self, self.policy, "http")
+
+
+class GuardedHTTPSConnection(HTTPSConnection):
+    """An https connection to a checked address; TLS still verifies the host name."""
+
+    def __init__(self, *args: Any, policy: OutboundPolicy, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.policy = policy
+
+    def _new_conn(self) -> socket.socket:
+        return _open_checked(self, self.policy, "https")
+
+
+class GuardedHTTPConnectionPool(HTTPConnectionPool):
+    ConnectionCls = GuardedHTTPConnection
+
+
+class GuardedHTTPSConnectionPool(HTTPSConnectionPool):
+    ConnectionCls = GuardedHTTPSConnection
+
+
+class GuardedPoolManager(PoolManager):
+    """A PoolManager whose pools open guarded connections only, for both schemes."""
+
+    def __init__(self, policy: OutboundPolicy, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.policy = policy
+        self.pool_classes_by_scheme = {
+            "http": GuardedHTTPConnectionPool, "https": GuardedHTTPSConnectionPool,
+        }
+
+    def _new_pool(self, scheme: str, host: str, port: int,
+                  request_context: dict[str, Any] | None = None) -> HTTPConnectionPool:
+        # The policy goes to each connection as a keyword, not into the pool key:
+        # the pool key is a closed namedtuple of urllib3's own settings.
+        context = dict(self.connection_pool_kw if request_context is None else request_context)
+        context["policy"] = self.policy
+        return super()._new_pool(scheme, host, port, context)
+
+
+# --- requests: the adapter and the session -----------------------------------------------
+
+
+class GuardedAdapter(HTTPAdapter):
+    """A transport adapter that sends through guarded connections only."""
+
+    def __init__(self, policy: OutboundPolicy) -> None:
+        self.policy = policy  # init_poolmanager, called by the base class, needs it
+        super().__init__(max_retries=0)
+
+    def init_poolmanager(self, connections: int, maxsize: int, block: bool = False,
+                         **pool_kwargs: Any) -> None:
+        self._pool_connections = connections
+        self._pool_maxsize = maxsize
+        self._pool_block = block
+        self.poolmanager = GuardedPoolManager(
+            self.policy, num_pools=connections, maxsize=maxsize, block=block, **pool_kwargs,
+        )
+
+    def send(self, request: PreparedRequest, stream: bool = False, timeout: Timeout = None,
+             verify: bool | str = True, cert: str | tuple[str, str] | None = None,
+             proxies: dict[str, str] | None = None) -> Response:
+        """Check scheme, TLS and proxies up front; connections check addresses."""
+        url = request.url or ""
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port or DEFAULT_PORTS.get(parts.scheme, 0)
+        self.policy.check_scheme(parts.scheme, host, port)
+        destination = _origin(parts.scheme, host, port)
+        if not verify:  # False, or an empty CA path that requests would read as "off"
+            raise BlockedDestination(destination, "TLS verification cannot be turned off")
+        if select_proxy(url, proxies):
+            raise BlockedDestination(destination, "proxies are never used for outbound calls")
+        return super().send(request, stream=stream, verify=verify, cert=cert, proxies=None,
+                            timeout=self.policy.timeout if timeout is None else timeout)
+
+
+SessionT = TypeVar("SessionT", bound=requests.Session)
+
+
+def guard_session(session: SessionT, policy: OutboundPolicy) -> SessionT:
+    """Route every request of ``session`` through the guard, e.g. an Authlib OAuth2Session.
+
+    On a session that is not a :class:`GuardedSession` every 3xx answer raises
+    ``requests.TooManyRedirects`` (requests checks its limit of 0 before it would
+    follow, even with ``allow_redirects=False``); nothing is followed either way.
+    """
+    for adapter in session.adapters.values():
+        adapter.close()
+    session.adapters.clear()
+    adapter = GuardedAdapter(policy)
+    session.mount("https://", adapter)
+    session.mount("http://", adapter)
+    session.trust_env = False  # no proxies, .netrc or CA bundle from the environment
+    session.proxies.clear()
+    session.verify = True
+    session.max_redirects = 0
+    return session
+
+
+class GuardedSession(requests.Session):
+    """A session that sends only through the guard and returns a 3xx as it came."""
+
+    def __init__(self, policy: OutboundPolicy) -> None:
+        super().__init__()
+        guard_session(self, policy)
+        self.guarded_adapter = self.adapters["https://"]
+
+    def get_adapter(self, url: str) -> BaseAdapter:
+        """The guarded adapter, whatever else was mounted later."""
+        return self.guarded_adapter
+
+    def get_redirect_target(self, resp: Response) -> str | None:
+        """None: a redirect is an answer for the caller, never followed."""
+        return None
+
+
+def guarded_session(policy: OutboundPolicy) -> requests.Session:
+    """A new session for outbound calls, guarded by ``policy``."""
+    return GuardedSession(policy)

@@ -1,0 +1,189 @@
+"""Capturing a key on the page, and the owning client's retrieval API."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from sqlalchemy import select
+
+from gateway import db
+from gateway.audit.models import AuditEvent
+from gateway.clock import FixedClock
+from gateway.credentials.models import Credential
+from gateway.elicitations.models import Elicitation
+from tests.conftest import Api, Registered
+from tests.integration.portal.conftest import Browser, csrf_of
+
+KEY = "wx-live-7f3a9c2e5b1d4a6f8e0c"
+
+
+@pytest.fixture
+def alices(browser: Callable[[], Browser], alice: str) -> Browser:
+    logged_in = browser()
+    logged_in.log_in(alice)
+    return logged_in
+
+
+def submit(browser: Browser, link: dict[str, Any], secret: str = KEY) -> Any:
+    return browser.post_form(f"/e/{link['id']}", {"action": "submit", "secret": secret})
+
+
+def everything_stored(app: Flask) -> str:
+    with app.app_context():
+        session = db.session()
+        return "\n".join(repr(row) for table in db.Base.metadata.sorted_tables
+                         for row in session.execute(select(table)))
+
+
+def test_the_page_shows_who_asks_what_and_until_when(
+    alices: Browser, link_for: Callable[..., dict[str, Any]],
+) -> None:
+    link = link_for("alice", message="Connect your weather API key for forecasts")
+    page = alices.get(f"/e/{link['id']}").get_data(as_text=True)
+    assert "mcp-server-1" in page  # the client's registered name
+    assert "gateway.test" in page
+    assert "Connect your weather API key for forecasts" in page
+    assert "Link expires" in page
+    assert "UTC" in page
+    assert 'type="password"' in page
+    assert 'autocomplete="off"' in page
+    assert "Decline" in page
+
+
+def test_a_captured_key_is_revealed_exactly_to_its_client(
+    app: Flask, api: Api, alices: Browser, link_for: Callable[..., dict[str, Any]],
+) -> None:
+    link = link_for("alice")
+    done = submit(alices, link)
+    assert done.status_code == 200
+    text = done.get_data(as_text=True)
+    assert "You can go back to mcp-server-1" in text
+    assert KEY not in text
+    listed = api.get("/api/v1/credentials?subject_sub=alice&type=generic").get_json()["items"]
+    [credential] = listed
+    assert credential["hint"] == "…8e0c"
+    assert credential["elicitation_id"] == link["id"]
+    assert "secret" not in credential
+    revealed = api.post(f"/api/v1/credentials/{credential['id']}/reveal")
+    assert revealed.status_code == 200
+    assert revealed.headers["Cache-Control"] == "no-store"
+    assert revealed.get_json() == {"id": credential["id"], "type": "generic", "secret": KEY}
+    assert KEY not in everything_stored(app)
+    with app.app_context():
+        actions = db.session().scalars(select(AuditEvent.action)).all()
+    assert {"credential.captured", "credential.revealed", "elicitation.completed"} <= set(actions)
+
+
+def test_another_client_cannot_see_reveal_or_revoke_it(
+    client: FlaskClient, register: Callable[..., Registered], alices: Browser,
+    link_for: Callable[..., dict[str, Any]], api: Api,
+) -> None:
+    submit(alices, link_for("alice"))
+    [credential] = api.get("/api/v1/credentials").get_json()["items"]
+    other = Api(client, register().api_token)
+    assert other.get("/api/v1/credentials").get_json()["items"] == []
+    assert other.post(f"/api/v1/credentials/{credential['id']}/reveal").status_code == 404
+    assert other.client.delete(f"/api/v1/credentials/{credential['id']}",
+                               headers=other.headers()).status_code == 404
+
+
+def test_a_revoked_key_is_never_revealed_again(
+    api: Api, alices: Browser, link_for: Callable[..., dict[str, Any]],
+) -> None:
+    submit(alices, link_for("alice"))
+    [credential] = api.get("/api/v1/credentials").get_json()["items"]
+    revoked = api.client.delete(f"/api/v1/credentials/{credential['id']}",
+                                headers=api.headers())
+    assert revoked.get_json()["status"] == "revoked"
+    assert api.post(f"/api/v1/credentials/{credential['id']}/reveal").status_code == 409
+    assert api.get("/api/v1/credentials").get_json()["items"] == []
+    assert len(api.get("/api/v1/credentials?status=all").get_json()["items"]) == 1
+
+
+def test_a_new_key_supersedes_the_old_one(
+    api: Api, alices: Browser, link_for: Callable[..., dict[str, Any]], clock: FixedClock,
+) -> None:
+    submit(alices, link_for("alice"))
+    clock.advance(seconds=1)
+    submit(alices, link_for("alice"), secret="wx-live-second-key-000000")
+    everything = api.get("/api/v1/credentials?status=all").get_json()["items"]
+    assert [c["status"] for c in everything] == ["active", "revoked"]
+    revealed = api.post(f"/api/v1/credentials/{everything[0]['id']}/reveal").get_json()
+    assert revealed["secret"] == "wx-live-second-key-000000"
+
+
+def test_a_second_submit_changes_nothing(
+    app: Flask, alices: Browser, link_for: Callable[..., dict[str, Any]],
+) -> None:
+    link = link_for("alice")
+    # Both posts come from the same page, as from a second click or a stale tab.
+    token = csrf_of(alices.get(f"/e/{link['id']}"))
+    for secret in (KEY, "a-different-key-entirely"):
+        again = alices.client.post(f"/e/{link['id']}", data={
+            "csrf_token": token, "action": "submit", "secret": secret})
+    assert again.status_code == 200
+    assert "This request is complete" in again.get_data(as_text=True)
+    with app.app_context():
+        assert len(db.session().scalars(select(Credential)).all()) == 1
+
+
+def test_decline_stores_nothing(
+    app: Flask, api: Api, alices: Browser, link_for: Callable[..., dict[str, Any]],
+) -> None:
+    link = link_for("alice")
+    declined = alices.post_form(f"/e/{link['id']}", {"action": "decline"})
+    assert "You declined" in declined.get_data(as_text=True)
+    assert api.get(f"/api/v1/elicitations/{link['id']}").get_json()["status"] == "declined"
+    assert api.get("/api/v1/credentials?status=all").get_json()["items"] == []
+
+
+@pytest.mark.parametrize(("secret", "words"), [
+    ("", "Enter your"),
+    ("k" * 4097, "at most 4096"),
+    ("first-line\nsecond-line", "no line breaks"),
+    ("with\ttab-inside-it", "no line breaks"),
+    ("bell\x07character", "control"),
+], ids=["empty", "too-long", "newline", "tab", "control"])
+def test_bad_keys_are_refused_without_echo_and_can_be_retried(
+    app: Flask, alices: Browser, link_for: Callable[..., dict[str, Any]], secret: str,
+    words: str,
+) -> None:
+    link = link_for("alice")
+    refused = submit(alices, link, secret=secret)
+    assert refused.status_code == 422
+    text = refused.get_data(as_text=True)
+    assert words in text
+    if secret:
+        assert secret not in text
+    with app.app_context():
+        assert db.session().get(Elicitation, link["id"]).status == "opened"  # type: ignore[union-attr]
+        assert db.session().scalars(select(Credential)).all() == []
+    assert submit(alices, link).status_code == 200
+
+
+def test_account_lists_and_revokes_the_users_own_keys(
+    api: Api, alices: Browser, browser: Callable[[], Browser], bob: str,
+    link_for: Callable[..., dict[str, Any]],
+) -> None:
+    submit(alices, link_for("alice"))
+    page = alices.get("/account").get_data(as_text=True)
+    assert "mcp-server-1" in page
+    assert "…8e0c" in page
+    assert KEY not in page
+    [credential] = api.get("/api/v1/credentials").get_json()["items"]
+    bobs = browser()
+    bobs.log_in(bob)
+    assert "no stored keys" in bobs.get("/account").get_data(as_text=True)
+    # A valid token of Bob's own session, from a page of his.
+    stolen = bobs.post_form(f"/account/credentials/{credential['id']}/revoke", {},
+                            page="/logout")
+    assert stolen.status_code == 404
+    revoked = alices.post_form(f"/account/credentials/{credential['id']}/revoke", {},
+                               page="/account")
+    assert revoked.status_code == 303
+    assert "no stored keys" in alices.get("/account").get_data(as_text=True)
+    assert api.post(f"/api/v1/credentials/{credential['id']}/reveal").status_code == 409
