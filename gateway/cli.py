@@ -32,6 +32,8 @@ FEATURE_COMMANDS: Final = {
     "clients": "gateway.clients.cli:clients",
     "elicitations": "gateway.elicitations.cli:elicitations",
     "users": "gateway.identity.cli:users",
+    "keys": "gateway.vault.cli:keys",
+    "credentials": "gateway.credentials.cli:credentials",
 }
 
 

@@ -33,6 +33,9 @@ from gateway.settings import Settings, load_settings
 from gateway.vault.keyring import load_keyring
 from tests import databases
 
+# A real OpenID Connect provider on loopback, for the identity tests.
+pytest_plugins = ["tests.oidc.fixtures"]
+
 TEST_SECRET = "test-secret-" + "x" * 40
 TEST_PEPPER = "test-pepper-" + "y" * 40
 # A fixed key-encryption key, so the app and CLI commands in one test agree.

@@ -171,7 +171,7 @@ def current_webhook_secrets(session: Session, clock: Clock, keyring: Keyring,
         .order_by(WebhookSecret.created_at.desc())
     )
     return [
-        reveal_plaintext(keyring, row.envelope, _webhook_secret_binding(row)).decode()
+        reveal_plaintext(keyring, row.envelope, webhook_secret_binding(row)).decode()
         for row in rows if row.retires_at is None or row.retires_at > now
     ]
 
@@ -211,12 +211,13 @@ def _add_token(session: Session, client: Client, pepper: Secret, now: datetime) 
 def _add_webhook_secret(session: Session, client: Client, keyring: Keyring, now: datetime) -> str:
     secret = WEBHOOK_SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
     row = WebhookSecret(id=new_id("whs_", 9), client_id=client.id, created_at=now)
-    row.envelope = seal(keyring, secret.encode(), _webhook_secret_binding(row))
+    row.envelope = seal(keyring, secret.encode(), webhook_secret_binding(row))
     session.add(row)
     return secret
 
 
-def _webhook_secret_binding(row: WebhookSecret) -> bytes:
+def webhook_secret_binding(row: WebhookSecret) -> bytes:
+    """The associated data that ties a webhook secret's ciphertext to its row."""
     return bind(purpose="webhook_secret", id=row.id, client_id=row.client_id)
 
 
