@@ -19,6 +19,7 @@ from gateway.audit import service as audit
 from gateway.clients.models import Client
 from gateway.clock import Clock
 from gateway.credentials import service as credentials
+from gateway.credentials import verification
 from gateway.credentials.catalog import current_catalog
 from gateway.elicitations import lifecycle, service
 from gateway.elicitations.lifecycle import TERMINAL, Status
@@ -27,6 +28,7 @@ from gateway.errors import GatewayError, NotFound
 from gateway.identity.sessions import Subject
 from gateway.identity.web import actor_of, current_subject, login_redirect
 from gateway.vault.keyring import current_keyring
+from gateway.webhooks.http import OutboundPolicy
 
 blueprint = Blueprint("portal", __name__)
 
@@ -62,12 +64,9 @@ def show(elicitation_id: str) -> Page:
     if subject is None:
         return login_redirect(request.path)
     with db.transaction() as session:
-        elicitation = _checked(session, elicitation_id, subject)
+        elicitation = _open(session, elicitation_id, subject)
         if elicitation.status in TERMINAL:
             return _ended(session, elicitation)
-        if elicitation.status == Status.PENDING:
-            lifecycle.transition(session, _clock(), elicitation, Status.OPENED,
-                                 actor=actor_of(subject), source_ip=request.remote_addr)
         return _render(session, elicitation, subject)
 
 
@@ -78,35 +77,54 @@ def answer(elicitation_id: str) -> Page:
     if subject is None:
         return login_redirect(request.path)
     action = request.form.get("action")
+    if action not in ("submit", "decline"):
+        raise GatewayError("This form sent an action the page does not have. Reload the page.")
     with db.transaction() as session:
-        elicitation = _checked(session, elicitation_id, subject)
+        elicitation = _open(session, elicitation_id, subject)
         if elicitation.status in TERMINAL:
             return _ended(session, elicitation)
-        if elicitation.status == Status.PENDING:
-            lifecycle.transition(session, _clock(), elicitation, Status.OPENED,
-                                 actor=actor_of(subject), source_ip=request.remote_addr)
         if action == "decline":
             lifecycle.transition(session, _clock(), elicitation, Status.DECLINED,
                                  actor=actor_of(subject), source_ip=request.remote_addr)
             return _ended(session, elicitation)
-        if action == "submit" and elicitation.kind == "api_key":
-            return _capture(session, elicitation, subject)
-    raise GatewayError("This form sent an action the page does not have. Reload the page.")
-
-
-def _capture(session: Session, elicitation: Elicitation, subject: Subject) -> Page:
-    credential_type = current_catalog().get(elicitation.credential_type or "")
-    if credential_type is None:
-        raise GatewayError("This kind of key is no longer accepted here. Go back to the app.")
+        if elicitation.kind != "api_key":
+            raise GatewayError("This request is not for a key. Reload the page.")
+        credential_type = current_catalog().get(elicitation.credential_type or "")
+        if credential_type is None:
+            raise GatewayError("This kind of key is no longer accepted here. Go back to the app.")
     secret = request.form.get("secret", "")
     try:
         credentials.check_shape(credential_type, secret)
-    except credentials.InvalidSecret as error:
-        page = _render(session, elicitation, subject, error=error.detail)
-        return page, error.status
-    credentials.capture(session, _clock(), current_keyring(), elicitation, credential_type, secret,
-                        actor=actor_of(subject), source_ip=request.remote_addr)
-    return _ended(session, elicitation)
+        if credential_type.check is not None:
+            # Outside any transaction: the service may take seconds to answer.
+            verification.require_valid(_outbound(), credential_type.check,
+                                       credential_type.label, secret)
+    except GatewayError as error:
+        with db.transaction() as session:
+            elicitation = _open(session, elicitation_id, subject)
+            return _render(session, elicitation, subject, error=error.detail), error.status
+    with db.transaction() as session:
+        # Checked again: the elicitation may have ended while the service answered.
+        elicitation = _open(session, elicitation_id, subject)
+        if elicitation.status in TERMINAL:
+            return _ended(session, elicitation)
+        credentials.capture(session, _clock(), current_keyring(), elicitation,
+                            credential_type, secret, actor=actor_of(subject),
+                            source_ip=request.remote_addr)
+        return _ended(session, elicitation)
+
+
+def _open(session: Session, elicitation_id: str, subject: Subject) -> Elicitation:
+    """The subject-checked elicitation, moved to ``opened`` if it was still pending."""
+    elicitation = _checked(session, elicitation_id, subject)
+    if elicitation.status == Status.PENDING:
+        lifecycle.transition(session, _clock(), elicitation, Status.OPENED,
+                             actor=actor_of(subject), source_ip=request.remote_addr)
+    return elicitation
+
+
+def _outbound() -> OutboundPolicy:
+    return OutboundPolicy.from_settings(current_app.extensions["gateway.settings"])
 
 
 def _checked(session: Session, elicitation_id: str, subject: Subject) -> Elicitation:
