@@ -34,6 +34,7 @@ FEATURE_COMMANDS: Final = {
     "users": "gateway.identity.cli:users",
     "keys": "gateway.vault.cli:keys",
     "credentials": "gateway.credentials.cli:credentials",
+    "webhooks": "gateway.webhooks.cli:webhooks",
 }
 
 

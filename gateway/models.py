@@ -5,6 +5,7 @@ from gateway.clients.models import ApiToken, Client, WebhookSecret
 from gateway.credentials.models import Credential
 from gateway.elicitations.models import Elicitation, IdempotencyRecord
 from gateway.identity.models import BrowserSession, User
+from gateway.webhooks.models import WebhookAttempt, WebhookEvent
 
 __all__ = ["ApiToken", "AuditEvent", "BrowserSession", "Client", "Credential", "Elicitation",
-           "IdempotencyRecord", "User", "WebhookSecret"]
+           "IdempotencyRecord", "User", "WebhookAttempt", "WebhookEvent", "WebhookSecret"]

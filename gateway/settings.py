@@ -88,6 +88,8 @@ class Settings:
     log_level: str = "info"
     credential_types_file: Path | None = None
     session_idle_minutes: int = 15
+    webhook_secret_grace_hours: int = 24
+    webhook_concurrency: int = 8
     session_max_hours: int = 8
 
     @property
@@ -246,9 +248,11 @@ def _validate(values: dict[str, Any]) -> Settings:
         values["database_url"] = f"sqlite:///{(instance_path / 'gateway.db').resolve()}"
     _check_choice(values, "login_backend", ("local", "oidc"))
     _check_choice(values, "log_level", ("debug", "info", "warning", "error"))
+    if values.get("webhook_secret_grace_hours", 0) < 0:
+        raise SettingsError(env_name("webhook_secret_grace_hours"), "must be 0 or more")
     if values.get("proxy_hops", 0) < 0:
         raise SettingsError(env_name("proxy_hops"), "must be 0 or more")
-    for key in ("session_idle_minutes", "session_max_hours"):
+    for key in ("session_idle_minutes", "session_max_hours", "webhook_concurrency"):
         if values.get(key, 1) < 1:
             raise SettingsError(env_name(key), "must be 1 or more")
     if values.get("login_backend") == "oidc":

@@ -1,8 +1,10 @@
 """``gateway worker``: the background work of the gateway.
 
-For now it sweeps: open elicitations whose time is up are marked expired
-(reads report them expired on time anyway; the sweep makes the state, its
-audit row and its webhook happen without anyone asking).
+Two loops, each in its thread: the webhook dispatcher, which sends the
+outbox, and the sweeper, which marks open elicitations whose time is up as
+expired (reads report them expired on time anyway; the sweep makes the
+state, its audit row and its webhook happen without anyone asking). Any
+number of workers may run against one database.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from gateway import cli
 from gateway.clock import Clock, SystemClock
 from gateway.db import make_engine
 from gateway.elicitations.service import expire_overdue
+from gateway.settings import Settings
+from gateway.vault.keyring import KeyringError, load_keyring
+from gateway.webhooks.dispatcher import Dispatcher
+from gateway.webhooks.http import OutboundPolicy
 
 log = logging.getLogger(__name__)
 SWEEP_SECONDS: Final = 5.0
@@ -32,13 +38,51 @@ def sweep(factory: sessionmaker, clock: Clock) -> int:  # type: ignore[type-arg]
         return expire_overdue(session, clock)
 
 
+def _sweep_forever(factory: sessionmaker, stop: threading.Event) -> None:  # type: ignore[type-arg]
+    while not stop.is_set():
+        try:
+            expired = sweep(factory, SystemClock())
+            if expired:
+                log.info("expired %d elicitation(s)", expired)
+        except SQLAlchemyError as error:
+            log.warning("sweep failed (%s); trying again", type(error).__name__)
+        stop.wait(SWEEP_SECONDS)
+
+
+def _dispatcher(settings: Settings) -> Dispatcher:
+    engine = make_engine(settings.database_url)
+    try:
+        keyring = load_keyring(settings)
+    except KeyringError as error:
+        cli.fail(str(error))
+    policy = OutboundPolicy.from_settings(settings)
+    if policy.insecure_hosts:
+        log.warning("OUTBOUND GUARD RELAXED for %s (GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS): "
+                    "development only", ", ".join(sorted(policy.insecure_hosts)))
+    return Dispatcher(engine, SystemClock(), keyring, policy,
+                      concurrency=settings.webhook_concurrency)
+
+
 @click.command()
-@click.option("--once", is_flag=True, help="Do one pass and exit (for cron or tests).")
+@click.option("--once", is_flag=True,
+              help="Sweep once and send what is due now, then exit (for cron or tests).")
 def worker(once: bool) -> None:
-    """Run the background work: expire elicitations whose time is up."""
+    """Send webhooks and expire elicitations whose time is up."""
     settings = cli.settings()
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = make_engine(settings.database_url)
     factory = sessionmaker(engine, expire_on_commit=False)
+    dispatcher = _dispatcher(settings)
+    if once:
+        try:
+            expired = sweep(factory, SystemClock())
+            sent = dispatcher.run_once()
+        except SQLAlchemyError as error:
+            cli.fail(f"worker failed ({type(error).__name__}); is the schema current? "
+                     "run `gateway db upgrade`")
+        click.echo(f"expired {expired} elicitation(s); attempted {sent} webhook(s)")
+        return
     stop = threading.Event()
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
@@ -46,20 +90,13 @@ def worker(once: bool) -> None:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sweeper = threading.Thread(target=_sweep_forever, args=(factory, stop), name="sweeper",
+                               daemon=True)
+    sweeper.start()
+    log.info("worker started")
     try:
-        while True:
-            try:
-                expired = sweep(factory, SystemClock())
-                if expired:
-                    log.info("expired %d elicitation(s)", expired)
-            except SQLAlchemyError as error:
-                if once:
-                    cli.fail(f"sweep failed ({type(error).__name__}); is the schema current? "
-                             "run `gateway db upgrade`")
-                log.warning("sweep failed (%s); trying again", type(error).__name__)
-            if once or stop.wait(SWEEP_SECONDS):
-                break
+        dispatcher.run(stop)
     finally:
+        sweeper.join(timeout=SWEEP_SECONDS + 1)
         engine.dispose()
+        log.info("worker stopped")

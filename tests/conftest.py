@@ -31,6 +31,7 @@ from gateway.clock import FixedClock, SystemClock
 from gateway.credentials.catalog import current_catalog
 from gateway.settings import Settings, load_settings
 from gateway.vault.keyring import load_keyring
+from gateway.webhooks.http import OutboundPolicy
 from tests import databases
 
 # A real OpenID Connect provider on loopback, for the identity tests.
@@ -204,7 +205,8 @@ def register(app: Flask, settings: Settings) -> Callable[..., Registered]:
                 session, SystemClock(), keyring=load_keyring(settings),
                 pepper=settings.token_pepper, catalog=current_catalog(),
                 name=name or f"mcp-server-{next(counter)}", webhook_url=webhook_url,
-                credential_types=credential_types or [], actor="test")
+                credential_types=credential_types or [], actor="test",
+                policy=OutboundPolicy.from_settings(settings))
         return Registered(minted.client.id, minted.client.name, minted.api_token,
                           minted.webhook_secret)
 

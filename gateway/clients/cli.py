@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import click
@@ -13,6 +14,7 @@ from gateway.clock import SystemClock
 from gateway.credentials.catalog import CatalogError, catalog_path, load_catalog
 from gateway.elicitations.service import timestamp
 from gateway.vault.keyring import KeyringError, load_keyring
+from gateway.webhooks.http import OutboundPolicy
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
@@ -41,7 +43,7 @@ def create(name: str, webhook_url: str | None, credential_types: str, as_json: b
         minted = service.create_client(
             session, SystemClock(), keyring=keyring, pepper=settings.token_pepper,
             catalog=catalog, name=name, webhook_url=webhook_url, credential_types=types,
-            actor=cli.operator(), insecure_hosts=settings.outbound_allow_insecure_hosts)
+            actor=cli.operator(), policy=OutboundPolicy.from_settings(settings))
     result = {"client_id": minted.client.id, "name": minted.client.name,
               "api_token": minted.api_token, "webhook_secret": minted.webhook_secret}
     if as_json:
@@ -113,6 +115,31 @@ def revoke_token(client: str, token_id: str) -> None:
         record = service.revoke_token(session, SystemClock(), client_ref=client,
                                       token_id=token_id, actor=cli.operator())
     click.echo(f"token {record.id} ({record.hint}) revoked")
+
+
+@clients.command(name="rotate-webhook-secret")
+@click.argument("client")
+@json_option
+def rotate_webhook_secret(client: str, as_json: bool) -> None:
+    """A new webhook secret, printed once; the old one signs beside it during the grace."""
+    settings = cli.settings()
+    try:
+        keyring = load_keyring(settings)
+    except KeyringError as error:
+        cli.fail(str(error))
+    grace = timedelta(hours=settings.webhook_secret_grace_hours)
+    with cli.transaction() as session:
+        secret = service.rotate_webhook_secret(session, SystemClock(), keyring=keyring,
+                                               client_ref=client, grace=grace,
+                                               actor=cli.operator())
+    if as_json:
+        cli.echo_json({"client": client, "webhook_secret": secret,
+                       "grace_hours": settings.webhook_secret_grace_hours})
+        return
+    click.echo(f"new webhook secret: {secret}")
+    click.secho(f"Shown this once. For {settings.webhook_secret_grace_hours} h every delivery "
+                "is signed with both the old and the new secret: switch the MCP server to "
+                "the new one within that time.", fg="yellow")
 
 
 @clients.command()

@@ -12,7 +12,7 @@ import base64
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -29,6 +29,7 @@ from gateway.settings import Secret
 from gateway.tokens import keyed_digest, new_id, new_token, token_hint
 from gateway.vault.envelope import bind, reveal_plaintext, seal
 from gateway.vault.keyring import Keyring
+from gateway.webhooks.http import BlockedDestination, OutboundPolicy
 
 API_TOKEN_PREFIX: Final = "gw_"  # noqa: S105  (a prefix, not a secret)
 WEBHOOK_SECRET_PREFIX: Final = "whsec_"  # noqa: S105  (a prefix, not a secret)
@@ -66,12 +67,12 @@ class Minted:
 def create_client(
     session: Session, clock: Clock, *, keyring: Keyring, pepper: Secret, catalog: Catalog,
     name: str, webhook_url: str | None, credential_types: list[str], actor: str,
-    insecure_hosts: tuple[str, ...] = (),
+    policy: OutboundPolicy,
 ) -> Minted:
     """Register an MCP server with one API token and one webhook secret."""
     check_name(name)
     if webhook_url is not None:
-        check_webhook_url(webhook_url, insecure_hosts)
+        check_webhook_url(webhook_url, policy)
     for type_id in credential_types:
         if type_id not in catalog:
             raise InvalidInput(f"unknown credential type {type_id!r}; "
@@ -115,6 +116,21 @@ def revoke_token(session: Session, clock: Clock, *, client_ref: str, token_id: s
     audit.record(session, clock, actor=actor, action="client.token_revoked", target=client.id,
                  details={"token_id": record.id, "hint": record.hint})
     return record
+
+
+def rotate_webhook_secret(session: Session, clock: Clock, *, keyring: Keyring, client_ref: str,
+                          grace: timedelta, actor: str) -> str:
+    """A new webhook secret; the old one keeps signing beside it for ``grace``."""
+    client = get_client(session, client_ref)
+    now = clock.now()
+    for row in session.scalars(select(WebhookSecret).where(
+            WebhookSecret.client_id == client.id)):
+        if row.retires_at is None or row.retires_at > now + grace:
+            row.retires_at = now + grace
+    secret = _add_webhook_secret(session, client, keyring, now)
+    audit.record(session, clock, actor=actor, action="client.webhook_secret_rotated",
+                 target=client.id, details={"grace_hours": grace.total_seconds() / 3600})
+    return secret
 
 
 def disable_client(session: Session, clock: Clock, *, client_ref: str, actor: str) -> Client:
@@ -183,22 +199,25 @@ def check_name(name: str) -> None:
                            "starting with a letter or digit")
 
 
-def check_webhook_url(url: str, insecure_hosts: tuple[str, ...] = ()) -> None:
-    """Webhook URLs are https, with a host and no credentials in them.
+def check_webhook_url(url: str, policy: OutboundPolicy) -> None:
+    """A webhook URL the SSRF guard lets through: https, a public host, no credentials.
 
-    Plain http only for a ``host:port`` the operator listed in
-    GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS (development receivers).
+    A name that does not resolve yet is accepted: every delivery checks again.
     """
     parts = urlsplit(url)
     if not parts.hostname or parts.scheme not in ("https", "http"):
         raise InvalidInput(f"webhook URL must be an https:// URL, got {url!r}")
-    if parts.scheme == "http" and f"{parts.hostname}:{parts.port or 80}" not in insecure_hosts:
-        raise InvalidInput("webhook URL must be https://; plain http is allowed only for hosts "
-                           "in GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS")
     if parts.username or parts.password:
         raise InvalidInput("webhook URL must not carry a user name or password")
     if parts.fragment:
         raise InvalidInput("webhook URL must not have a #fragment")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        policy.checked_addresses(parts.scheme, parts.hostname, port)
+    except BlockedDestination as error:
+        raise InvalidInput(f"webhook URL refused: {error.reason}") from None
+    except OSError:
+        pass  # not resolvable from here now; the guard decides at send time
 
 
 def _add_token(session: Session, client: Client, pepper: Secret, now: datetime) -> str:

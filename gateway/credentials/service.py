@@ -84,7 +84,10 @@ def capture(session: Session, clock: Clock, keyring: Keyring, elicitation: Elici
     superseded = _supersede(session, credential, now)
     session.add(credential)
     lifecycle.transition(session, clock, elicitation, Status.COMPLETED, actor=actor,
-                         source_ip=source_ip, details={"credential_id": credential.id})
+                         source_ip=source_ip, details={"credential_id": credential.id},
+                         event_data={"credential": {"id": credential.id,
+                                                    "type": credential.type,
+                                                    "hint": credential.hint}})
     audit.record(session, clock, actor=actor, action="credential.captured",
                  target=credential.id, source_ip=source_ip,
                  details={"client_id": credential.client_id, "type": credential.type,

@@ -24,9 +24,11 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from gateway import changes
 from gateway.audit import service as audit
+from gateway.clients.models import Client
 from gateway.clock import Clock
 from gateway.elicitations.models import Elicitation
 from gateway.errors import Conflict
+from gateway.webhooks import outbox
 
 
 class Status(StrEnum):
@@ -64,8 +66,14 @@ def is_overdue(elicitation: Elicitation, now: datetime) -> bool:
 def transition(
     session: Session, clock: Clock, elicitation: Elicitation, to: Status, *,
     actor: str, source_ip: str | None = None, details: dict[str, Any] | None = None,
+    event_data: dict[str, Any] | None = None,
 ) -> Elicitation:
-    """Move the elicitation to ``to``, or raise IllegalTransition and change nothing."""
+    """Move the elicitation to ``to``, or raise IllegalTransition and change nothing.
+
+    An end state also puts its webhook event in the outbox, in this same
+    transaction; ``event_data`` adds to its ``data`` (the credential's id,
+    type and hint, a payment's outcome).
+    """
     now = clock.now()
     current = Status(elicitation.status)
     if to is not Status.EXPIRED and is_overdue(elicitation, now):
@@ -98,4 +106,22 @@ def transition(
                  details={"client_id": elicitation.client_id, "from": current.value,
                           **(details or {})})
     changes.announce(session, CHANGE_TOPIC)
+    if to in TERMINAL:
+        _enqueue_event(session, clock, elicitation, event_data or {})
     return elicitation
+
+
+def _enqueue_event(session: Session, clock: Clock, elicitation: Elicitation,
+                   extra: dict[str, Any]) -> None:
+    client = session.get(Client, elicitation.client_id)
+    assert client is not None  # a foreign key guarantees it
+    data = {
+        "elicitation_id": elicitation.id,
+        "status": elicitation.status,
+        "kind": elicitation.kind,
+        "subject": {"iss": elicitation.subject_iss, "sub": elicitation.subject_sub},
+        "metadata": elicitation.metadata_,
+        **extra,
+    }
+    outbox.enqueue(session, clock, client, f"elicitation.{elicitation.status}", data,
+                   elicitation_id=elicitation.id)

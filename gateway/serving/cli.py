@@ -11,10 +11,12 @@ import click
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway import cli, migrations
+from gateway.credentials.catalog import CatalogError, catalog_path, load_catalog
 from gateway.db import make_engine
 from gateway.files import FileError
 from gateway.serving import server, tls
 from gateway.settings import Settings
+from gateway.vault.keyring import KeyringError, load_keyring
 
 log = logging.getLogger(__name__)
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -31,10 +33,13 @@ LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 @click.option("--keyfile", type=click.Path(path_type=Path), help="TLS private key (PEM, 0600).")
 @click.option("--no-tls", is_flag=True,
               help="Serve plain HTTP to a TLS-terminating proxy; needs GATEWAY_PROXY_HOPS >= 1.")
-def serve(host: str, port: int, workers: int, threads: int,
-          certfile: Path | None, keyfile: Path | None, no_tls: bool) -> None:
-    """Serve the gateway over HTTPS."""
+@click.option("--no-worker", is_flag=True,
+              help="Do not run `gateway worker` beside the server (run workers apart).")
+def serve(host: str, port: int, workers: int, threads: int, certfile: Path | None,
+          keyfile: Path | None, no_tls: bool, no_worker: bool) -> None:
+    """Serve the gateway over HTTPS (and, unless --no-worker, send its webhooks)."""
     settings = cli.settings()
+    _check_secrets_and_catalog(settings)
     tls_files = None if no_tls else _tls_files(settings, certfile, keyfile)
     if no_tls and settings.proxy_hops < 1:
         cli.fail("--no-tls serves plain HTTP and is only for a TLS-terminating proxy in "
@@ -42,7 +47,18 @@ def serve(host: str, port: int, workers: int, threads: int,
     _check_schema(settings)
     _check_port_free(host, port)
     server.run(settings, server.Options(host=host, port=port, workers=workers,
-                                        threads=threads, tls_files=tls_files))
+                                        threads=threads, tls_files=tls_files,
+                                        with_worker=not no_worker))
+
+
+def _check_secrets_and_catalog(settings: Settings) -> None:
+    # Read once at start-up, so a bad keyring or catalog stops the command
+    # with one line instead of failing some user's request later.
+    try:
+        load_keyring(settings)
+        load_catalog(catalog_path(settings))
+    except (KeyringError, CatalogError) as error:
+        cli.fail(str(error))
 
 
 def _tls_files(settings: Settings, certfile: Path | None,

@@ -8,6 +8,8 @@ can run side by side.
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ class Options:
     workers: int
     threads: int
     tls_files: tuple[Path, Path] | None
+    with_worker: bool = False
 
 
 def gunicorn_config(settings: Settings, options: Options) -> dict[str, Any]:
@@ -56,11 +59,32 @@ def gunicorn_config(settings: Settings, options: Options) -> dict[str, Any]:
         # instances on one host would fight over it, and nothing here uses it.
         "control_socket_disable": True,
     }
+    if options.with_worker:
+        config["on_starting"] = _start_worker
+        config["on_exit"] = _stop_worker
     if options.tls_files:
         certfile, keyfile = options.tls_files
         config["certfile"] = str(certfile)
         config["keyfile"] = str(keyfile)
     return config
+
+
+_worker: list[subprocess.Popen[bytes]] = []
+
+
+def _start_worker(arbiter: Any) -> None:
+    # One `gateway worker` per server, in its own process: webhooks and the
+    # sweeper keep running whatever the request workers do.
+    _worker.append(subprocess.Popen([sys.executable, "-m", "gateway", "worker"]))
+
+
+def _stop_worker(arbiter: Any) -> None:
+    for process in _worker:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def wait_slots(threads: int) -> int:

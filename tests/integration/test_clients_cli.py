@@ -78,7 +78,9 @@ def test_bad_input_stops_with_one_line_and_writes_nothing(
     ok(run_gateway("db", "upgrade"))
     for args, words in [
         (("clients", "create", "x", "--credential-types", "nope"), "unknown credential type"),
-        (("clients", "create", "x", "--webhook-url", "http://mcp.example.com/"), "https"),
+        (("clients", "create", "x", "--webhook-url", "http://mcp.example.com/"), "plain http"),
+        (("clients", "create", "x", "--webhook-url", "https://169.254.169.254/"), "refused"),
+        (("clients", "create", "x", "--webhook-url", "https://10.1.2.3/hooks"), "private"),
         (("clients", "create", "bad\nname"), "client name"),
         (("clients", "show", "nobody"), "no client"),
         (("elicitations", "show", "el_nothing"), "no elicitation"),

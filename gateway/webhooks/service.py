@@ -1,0 +1,102 @@
+"""The operator's view of the outbox: list, inspect, redeliver, test."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import requests
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.audit import service as audit
+from gateway.clients.models import Client
+from gateway.clients.service import current_webhook_secrets
+from gateway.clock import Clock
+from gateway.errors import Conflict, InvalidInput, NotFound
+from gateway.pagination import timestamp
+from gateway.tokens import new_id
+from gateway.vault.keyring import Keyring
+from gateway.webhooks import signing
+from gateway.webhooks.http import BlockedDestination, OutboundPolicy, guarded_session
+from gateway.webhooks.models import WebhookAttempt, WebhookEvent
+
+STATUSES = ("pending", "delivering", "delivered", "dead")
+
+
+def represent(event: WebhookEvent) -> dict[str, Any]:
+    return {"id": event.id, "client_id": event.client_id, "type": event.type,
+            "elicitation_id": event.elicitation_id, "status": event.status,
+            "attempts": event.attempts, "created_at": timestamp(event.created_at),
+            "next_attempt_at": timestamp(event.next_attempt_at) if event.status == "pending"
+            else None, "delivered_at": timestamp(event.delivered_at),
+            "last_error": event.last_error}
+
+
+def list_events(session: Session, *, status: str | None, client_id: str | None,
+                limit: int) -> list[WebhookEvent]:
+    query = select(WebhookEvent).order_by(WebhookEvent.created_at.desc()).limit(limit)
+    if status is not None:
+        query = query.where(WebhookEvent.status == status)
+    if client_id is not None:
+        query = query.where(WebhookEvent.client_id == client_id)
+    return list(session.scalars(query))
+
+
+def get_event(session: Session, event_id: str) -> WebhookEvent:
+    event = session.get(WebhookEvent, event_id)
+    if event is None:
+        raise NotFound(f"no webhook event {event_id!r}")
+    return event
+
+
+def attempts_of(session: Session, event_id: str) -> list[WebhookAttempt]:
+    return list(session.scalars(select(WebhookAttempt).where(
+        WebhookAttempt.event_id == event_id).order_by(WebhookAttempt.number,
+                                                      WebhookAttempt.id)))
+
+
+def redeliver(session: Session, clock: Clock, event_id: str, *, actor: str) -> WebhookEvent:
+    """Queue an event again, at once, with the same ``webhook-id`` and body."""
+    event = get_event(session, event_id)
+    if event.status == "delivering":
+        raise Conflict(f"event {event_id} is being delivered right now")
+    previous = event.status
+    event.status = "pending"
+    event.attempts = 0
+    event.next_attempt_at = clock.now()
+    event.lease_until = None
+    audit.record(session, clock, actor=actor, action="webhook.redelivered", target=event.id,
+                 details={"client_id": event.client_id, "previous_status": previous})
+    return event
+
+
+def send_ping(session: Session, clock: Clock, keyring: Keyring, policy: OutboundPolicy,
+              client: Client, *, actor: str) -> dict[str, Any]:
+    """Send a signed ``ping`` to the client's webhook URL now; what came back."""
+    if not client.webhook_url:
+        raise InvalidInput(f"client {client.id} has no webhook URL")
+    message_id = new_id("msg_", 18)
+    body = json.dumps({"type": "ping", "timestamp": timestamp(clock.now()),
+                       "data": {"client_id": client.id}}, separators=(",", ":"))
+    secrets = current_webhook_secrets(session, clock, keyring, client)
+    headers = signing.headers(secrets, message_id, int(clock.now().timestamp()), body)
+    headers["Content-Type"] = "application/json"
+    begun = time.monotonic()
+    outcome: dict[str, Any] = {"webhook_id": message_id, "url": client.webhook_url}
+    try:
+        with guarded_session(policy) as http:
+            response = http.post(client.webhook_url, data=body.encode(), headers=headers,
+                                 timeout=15, allow_redirects=False)
+        outcome.update(status_code=response.status_code,
+                       delivered=200 <= response.status_code < 300)
+    except BlockedDestination as error:
+        outcome.update(status_code=None, delivered=False, error=str(error))
+    except requests.RequestException as error:
+        outcome.update(status_code=None, delivered=False, error=type(error).__name__)
+    outcome["latency_ms"] = round((time.monotonic() - begun) * 1000)
+    audit.record(session, clock, actor=actor, action="webhook.tested", target=client.id,
+                 outcome="success" if outcome["delivered"] else "failure",
+                 details={k: v for k, v in outcome.items() if k != "url"})
+    return outcome
