@@ -16,6 +16,7 @@ from gateway.identity import views as identity
 from gateway.identity.sessions import ServerSessionInterface
 from gateway.settings import Settings, load_settings
 from gateway.web import api, openapi, ratelimit
+from gateway.web.converters import IdConverter
 
 MAX_REQUEST_BYTES = 64 * 1024
 
@@ -47,6 +48,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
         # gateway.web.https stand instead.
         WTF_CSRF_SSL_STRICT=False,
     )
+    app.url_map.converters["id"] = IdConverter
     app.json.sort_keys = False  # type: ignore[attr-defined]  # keep documented field order
     app.extensions["gateway.settings"] = settings
     app.extensions["gateway.clock"] = clock or SystemClock()

@@ -6,13 +6,16 @@ import re
 from typing import Final
 
 from flask import Blueprint, Response, current_app, jsonify, request
+from pydantic import TypeAdapter
 
 from gateway import db
 from gateway.clock import Clock
 from gateway.credentials import service
+from gateway.credentials.catalog import current_catalog
+from gateway.elicitations.schemas import Issuer, SubjectId
 from gateway.errors import InvalidInput
 from gateway.vault.keyring import current_keyring
-from gateway.web.api import current_client
+from gateway.web.api import current_client, query_text
 
 blueprint = Blueprint("credentials", __name__, url_prefix="/credentials")
 
@@ -23,6 +26,18 @@ _WHOLE_NUMBER = re.compile(r"[0-9]{1,4}")
 def _clock() -> Clock:
     clock: Clock = current_app.extensions["gateway.clock"]
     return clock
+
+
+ISSUER: Final = TypeAdapter[str](Issuer)
+SUBJECT_ID: Final = TypeAdapter[str](SubjectId)
+
+
+def _type() -> str | None:
+    value = request.args.get("type")
+    if value is not None and value not in current_catalog():
+        raise InvalidInput(f"type must be one of {', '.join(current_catalog().ids)}",
+                           field="type")
+    return value
 
 
 def _actor() -> str:
@@ -40,15 +55,15 @@ def list_credentials() -> Response:
         raise InvalidInput("status is active or all", field="status")
     with db.transaction() as session:
         page, next_cursor = service.list_for_client(
-            session, current_client().id, subject_iss=request.args.get("subject_iss"),
-            subject_sub=request.args.get("subject_sub"), type_id=request.args.get("type"),
+            session, current_client().id, subject_iss=query_text("subject_iss", ISSUER),
+            subject_sub=query_text("subject_sub", SUBJECT_ID), type_id=_type(),
             include_revoked=status == "all", cursor=request.args.get("cursor"),
             limit=int(raw_limit))
         items = [service.represent(credential) for credential in page]
     return jsonify(items=items, next_cursor=next_cursor)
 
 
-@blueprint.post("/<credential_id>/reveal")
+@blueprint.post("/<id:credential_id>/reveal")
 def reveal(credential_id: str) -> Response:
     """The plaintext key, for the MCP server that asked for it; audited, never cached."""
     with db.transaction() as session:
@@ -58,7 +73,7 @@ def reveal(credential_id: str) -> Response:
     return jsonify(id=credential.id, type=credential.type, secret=secret)
 
 
-@blueprint.delete("/<credential_id>")
+@blueprint.delete("/<id:credential_id>")
 def revoke(credential_id: str) -> Response:
     """Revoke a credential; it can no longer be revealed."""
     with db.transaction() as session:

@@ -8,6 +8,7 @@ from werkzeug.wrappers import Response
 from gateway import db
 from gateway.clock import Clock
 from gateway.credentials import service
+from gateway.credentials.catalog import CredentialType, current_catalog
 from gateway.credentials.models import Credential
 from gateway.errors import NotFound
 from gateway.identity.web import actor_of, current_subject, login_redirect
@@ -28,7 +29,9 @@ def account() -> Response | str:
     if subject is None:
         return login_redirect(request.path)
     with db.transaction() as session:
-        rows = [{"id": credential.id, "type": credential.type, "hint": credential.hint,
+        catalog = current_catalog()
+        rows = [{"id": credential.id, "hint": credential.hint,
+                 "type": _label(catalog.get(credential.type), credential.type),
                  "client": client_name, "created": f"{credential.created_at:%Y-%m-%d}",
                  "created_iso": timestamp(credential.created_at)}
                 for credential, client_name in service.list_for_subject(
@@ -37,7 +40,11 @@ def account() -> Response | str:
                            revoked=request.args.get("revoked"))
 
 
-@blueprint.post("/account/credentials/<credential_id>/revoke")
+def _label(credential_type: CredentialType | None, type_id: str) -> str:
+    return credential_type.label if credential_type else type_id
+
+
+@blueprint.post("/account/credentials/<id:credential_id>/revoke")
 def revoke(credential_id: str) -> Response:
     """Revoke one of the user's own keys; the app can no longer use it."""
     subject = current_subject()

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Final
 
 from flask import Blueprint, Response, current_app, jsonify, request
+from pydantic import TypeAdapter
 from sqlalchemy.exc import IntegrityError
 
 from gateway import db
@@ -15,11 +16,11 @@ from gateway.credentials.catalog import current_catalog
 from gateway.elicitations import service
 from gateway.elicitations.lifecycle import TERMINAL, Status
 from gateway.elicitations.models import Elicitation
-from gateway.elicitations.schemas import create_adapter
+from gateway.elicitations.schemas import Issuer, SubjectId, create_adapter
 from gateway.elicitations.waiting import WaitHub
 from gateway.errors import InvalidInput
 from gateway.settings import Settings
-from gateway.web.api import current_client, json_body
+from gateway.web.api import current_client, json_body, query_text
 
 blueprint = Blueprint("elicitations", __name__, url_prefix="/elicitations")
 
@@ -29,6 +30,8 @@ _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 _WHOLE_NUMBER = re.compile(r"[0-9]{1,4}")
 _STATUSES: Final = frozenset(s.value for s in Status)
 _KINDS: Final = frozenset({"api_key", "payment"})
+_ISSUER: Final = TypeAdapter[str](Issuer)
+_SUBJECT_ID: Final = TypeAdapter[str](SubjectId)
 
 
 def _settings() -> Settings:
@@ -80,7 +83,7 @@ def create() -> tuple[Response, int]:
     return response, outcome.status_code
 
 
-@blueprint.get("/<elicitation_id>")
+@blueprint.get("/<id:elicitation_id>")
 def read(elicitation_id: str) -> tuple[Response, int]:
     """One elicitation; with ``?wait=N``, held until it ends or N seconds pass."""
     wait = _wait_seconds()
@@ -117,7 +120,8 @@ def list_elicitations() -> Response:
     """The client's elicitations, newest first, filtered and paged by cursor."""
     filters = service.Filters(
         status=_choice("status", _STATUSES), kind=_choice("kind", _KINDS),
-        subject_iss=request.args.get("subject_iss"), subject_sub=request.args.get("subject_sub"))
+        subject_iss=query_text("subject_iss", _ISSUER),
+        subject_sub=query_text("subject_sub", _SUBJECT_ID))
     limit = _limit()
     with db.transaction() as session:
         page, next_cursor = service.list_page(session, _clock(), current_client().id, filters,
@@ -142,7 +146,7 @@ def _limit() -> int:
     return int(raw)
 
 
-@blueprint.post("/<elicitation_id>/cancel")
+@blueprint.post("/<id:elicitation_id>/cancel")
 def cancel(elicitation_id: str) -> tuple[Response, int]:
     """Cancel an open elicitation; its link stops working."""
     caller = _caller()

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from gateway.elicitations.api import MAX_WAIT_SECONDS
 from gateway.elicitations.service import MAX_PAGE
-from gateway.web.openapi import Document, problem_responses
+from gateway.web.openapi import Document, json_answer, problem_responses, query, subject_filters
 
 # The OpenAPI format of paging cursors: a next_cursor the API returned.
 CURSOR_FORMAT: Final = "cursor"
@@ -15,14 +15,19 @@ CURSOR_FORMAT: Final = "cursor"
 def describe(document: Document, *, credential_types: list[str],
              payments_enabled: bool) -> None:
     """Add the elicitation routes and schemas to ``document``."""
-    from gateway.elicitations.schemas import CreateElicitation, ElicitationPage, ElicitationView
+    from gateway.elicitations.schemas import (
+        ELICITATION_ID,
+        CreateElicitation,
+        ElicitationPage,
+        ElicitationView,
+    )
 
     create = document.schema("CreateElicitation", CreateElicitation)
     _narrow_create(document, credential_types, payments_enabled)
     view = document.schema("Elicitation", ElicitationView)
     page = document.schema("ElicitationPage", ElicitationPage)
     elicitation_id = {"name": "elicitation_id", "in": "path", "required": True,
-                      "schema": {"type": "string", "minLength": 1, "maxLength": 40}}
+                      "schema": {"type": "string", "pattern": ELICITATION_ID}}
     document.path("/api/v1/elicitations", "post", {
         "operationId": "createElicitation",
         "summary": "Create an elicitation for one of the client's users",
@@ -33,8 +38,9 @@ def describe(document: Document, *, credential_types: list[str],
         }],
         "requestBody": {"required": True, "content": {"application/json": {"schema": create}}},
         "responses": {
-            "201": _json("Created", view, location=True),
-            "200": _json("A still-open elicitation for the same user and purpose, reused", view),
+            "201": json_answer("Created", view, location=True),
+            "200": json_answer("A still-open elicitation for the same user and purpose, "
+                               "reused", view),
             **problem_responses(400, 401, 409, 413, 415, 422, 429),
         },
     })
@@ -42,30 +48,30 @@ def describe(document: Document, *, credential_types: list[str],
         "operationId": "listElicitations",
         "summary": "The client's elicitations, newest first",
         "parameters": [
-            _query("status", {"type": "string", "enum": list(ElicitationView.model_fields[
+            query("status", {"type": "string", "enum": list(ElicitationView.model_fields[
                 "status"].annotation.__args__)}),  # type: ignore[union-attr]
-            _query("kind", {"type": "string", "enum": ["api_key", "payment"]}),
-            _query("subject_iss", {"type": "string"}),
-            _query("subject_sub", {"type": "string"}),
+            query("kind", {"type": "string", "enum": ["api_key", "payment"]}),
+            *subject_filters(),
             # Opaque: only a next_cursor this API returned is a cursor.
-            _query("cursor", {"type": "string", "format": CURSOR_FORMAT}),
-            _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}),
+            query("cursor", {"type": "string", "format": CURSOR_FORMAT}),
+            query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}),
         ],
-        "responses": {"200": _json("One page", page), **problem_responses(400, 401, 422, 429)},
+        "responses": {"200": json_answer("One page", page),
+                      **problem_responses(400, 401, 422, 429)},
     })
     document.path("/api/v1/elicitations/{elicitation_id}", "get", {
         "operationId": "getElicitation",
         "summary": "One elicitation; ?wait=N holds the answer until it ends or N seconds pass",
-        "parameters": [elicitation_id, _query("wait", {
+        "parameters": [elicitation_id, query("wait", {
             "type": "integer", "minimum": 0, "maximum": MAX_WAIT_SECONDS})],
-        "responses": {"200": _json("The elicitation", view),
+        "responses": {"200": json_answer("The elicitation", view),
                       **problem_responses(400, 401, 404, 422, 429)},
     })
     document.path("/api/v1/elicitations/{elicitation_id}/cancel", "post", {
         "operationId": "cancelElicitation",
         "summary": "Cancel an open elicitation; its link stops working",
         "parameters": [elicitation_id],
-        "responses": {"200": _json("Cancelled", view),
+        "responses": {"200": json_answer("Cancelled", view),
                       **problem_responses(400, 401, 404, 409, 429)},
     })
 
@@ -81,15 +87,3 @@ def _narrow_create(document: Document, credential_types: list[str],
         create = schemas["CreateElicitation"]
         create["oneOf"] = [{"$ref": "#/components/schemas/CreateApiKeyElicitation"}]
         create["discriminator"]["mapping"].pop("payment", None)
-
-
-def _json(description: str, schema: dict[str, Any], *, location: bool = False) -> dict[str, Any]:
-    answer: dict[str, Any] = {"description": description,
-                              "content": {"application/json": {"schema": schema}}}
-    if location:
-        answer["headers"] = {"Location": {"schema": {"type": "string"}}}
-    return answer
-
-
-def _query(name: str, schema: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "schema": schema}

@@ -18,7 +18,21 @@ MAX_METADATA_BYTES: Final = 8 * 1024
 # PostgreSQL text cannot hold NUL, and no honest value needs it.
 NO_NUL: Final = r"^[^\x00]*$"
 
+# One side of an e-mail address: no "@", no space, no control character. The
+# spaces are spelled out because regex engines disagree on \s (ECMA-262, which
+# JSON Schema names, Rust's in pydantic and Python's each differ), so a
+# client's check and ours would not agree.
+_MAILBOX_PART: Final = (r"[^@\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f"
+                        r"\u3000\ufeff]+")
+
+# Elicitation ids as the gateway mints them: "el_" and URL-safe base64.
+ELICITATION_ID: Final = r"^el_[A-Za-z0-9_-]{1,37}$"
+
 NonEmpty = Annotated[str, Field(min_length=1, pattern=NO_NUL)]
+# The two halves of a subject, alike in a body and in a listing's filters.
+Issuer = Annotated[NonEmpty, Field(max_length=500)]
+SubjectId = Annotated[NonEmpty, Field(max_length=255)]
+Email = Annotated[str, Field(max_length=254, pattern=f"^{_MAILBOX_PART}@{_MAILBOX_PART}$")]
 
 
 def _whole_number(value: Any) -> Any:
@@ -41,8 +55,8 @@ class Strict(BaseModel):
 class Subject(Strict):
     """The user, as the MCP server's authorization server names them."""
 
-    iss: Annotated[NonEmpty, Field(max_length=500, description="Issuer of the user's token")]
-    sub: Annotated[NonEmpty, Field(max_length=255, description="Subject within that issuer")]
+    iss: Annotated[Issuer, Field(description="Issuer of the user's token")]
+    sub: Annotated[SubjectId, Field(description="Subject within that issuer")]
 
 
 class AmountPayment(Strict):
@@ -53,8 +67,7 @@ class AmountPayment(Strict):
     currency: Annotated[str, Field(pattern=r"^[a-z]{3}$", description="ISO 4217, lower case")]
     description: Annotated[NonEmpty, Field(max_length=500)]
     mode: Literal["payment"] = "payment"
-    customer_email: Annotated[str | None, Field(max_length=254, pattern=r"^[^@\s]+@[^@\s]+$")] \
-        = None
+    customer_email: Email | None = None
 
 
 class PricePayment(Strict):
@@ -63,8 +76,7 @@ class PricePayment(Strict):
     price_id: Annotated[str, Field(pattern=r"^price_[A-Za-z0-9]{1,100}$")]
     quantity: Annotated[int, Field(ge=1, le=1000), WHOLE] = 1
     mode: Literal["payment", "subscription"] = "payment"
-    customer_email: Annotated[str | None, Field(max_length=254, pattern=r"^[^@\s]+@[^@\s]+$")] \
-        = None
+    customer_email: Email | None = None
 
 
 Payment = AmountPayment | PricePayment
@@ -84,11 +96,15 @@ class _Common(Strict):
 
     @model_validator(mode="after")
     def _metadata_size(self) -> _Common:
-        size = len(TypeAdapter(dict[str, Any]).dump_json(self.metadata))
+        size = len(_METADATA.dump_json(self.metadata))
         if size > MAX_METADATA_BYTES:
             raise ValueError(f"metadata is {size} bytes as JSON; at most "
                              f"{MAX_METADATA_BYTES} are kept")
         return self
+
+
+# Built once: building a TypeAdapter costs more than the validation it does.
+_METADATA: Final = TypeAdapter(dict[str, Any])
 
 
 class CreateApiKeyElicitation(_Common):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -23,7 +24,11 @@ from gateway.credentials.catalog import Catalog
 from gateway.elicitations import lifecycle
 from gateway.elicitations.lifecycle import OPEN, Status
 from gateway.elicitations.models import Elicitation, IdempotencyRecord
-from gateway.elicitations.schemas import CreateApiKeyElicitation, CreatePaymentElicitation
+from gateway.elicitations.schemas import (
+    ELICITATION_ID,
+    CreateApiKeyElicitation,
+    CreatePaymentElicitation,
+)
 from gateway.errors import Conflict, GatewayError, InvalidInput, NotFound
 from gateway.tokens import new_id
 
@@ -31,6 +36,7 @@ MAX_PAGE: Final = 100
 # How long an Idempotency-Key is remembered; a retry after that creates anew.
 IDEMPOTENCY_WINDOW: Final = timedelta(hours=24)
 SYSTEM_ACTOR: Final = "system:expiry"
+_ELICITATION_ID: Final = re.compile(ELICITATION_ID)
 
 
 class PaymentsNotConfigured(GatewayError):
@@ -195,11 +201,19 @@ def get(session: Session, clock: Clock, client: Client, elicitation_id: str) -> 
 
     Another client's elicitation is reported exactly like an unknown one.
     """
-    elicitation = session.get(Elicitation, elicitation_id)
+    elicitation = _load(session, elicitation_id)
     if elicitation is None or elicitation.client_id != client.id:
         raise NotFound(f"no elicitation {elicitation_id!r}")
     expire_if_overdue(session, clock, elicitation)
     return elicitation
+
+
+def _load(session: Session, elicitation_id: str) -> Elicitation | None:
+    # An id the gateway cannot have minted names nothing, and is not sent to
+    # the database: PostgreSQL answers a NUL in it with an error, not a miss.
+    if not _ELICITATION_ID.fullmatch(elicitation_id):
+        return None
+    return session.get(Elicitation, elicitation_id)
 
 
 def expire_if_overdue(session: Session, clock: Clock, elicitation: Elicitation) -> bool:
@@ -270,7 +284,7 @@ def cancel(session: Session, clock: Clock, elicitation: Elicitation, *, actor: s
 
 def find(session: Session, clock: Clock, elicitation_id: str) -> Elicitation:
     """Any client's elicitation, for the operator; expired first if its time is up."""
-    elicitation = session.get(Elicitation, elicitation_id)
+    elicitation = _load(session, elicitation_id)
     if elicitation is None:
         raise NotFound(f"no elicitation {elicitation_id!r}")
     expire_if_overdue(session, clock, elicitation)

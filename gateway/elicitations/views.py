@@ -52,12 +52,18 @@ class WrongAccount(GatewayError):
     title = "This link is for another account"
 
 
+@blueprint.errorhandler(WrongAccount)
+def wrong_account(error: WrongAccount) -> tuple[str, int]:
+    """The refusal page: what happened and what to do, never whose link it was."""
+    return render_template("wrong_account.html"), error.status
+
+
 def _clock() -> Clock:
     clock: Clock = current_app.extensions["gateway.clock"]
     return clock
 
 
-@blueprint.get("/e/<elicitation_id>")
+@blueprint.get("/e/<id:elicitation_id>")
 def show(elicitation_id: str) -> Page:
     """The request, for the user it was made for; opening it moves it to ``opened``."""
     subject = current_subject()
@@ -70,7 +76,7 @@ def show(elicitation_id: str) -> Page:
         return _render(session, elicitation, subject)
 
 
-@blueprint.post("/e/<elicitation_id>")
+@blueprint.post("/e/<id:elicitation_id>")
 def answer(elicitation_id: str) -> Page:
     """Submit the key, or decline; the subject is checked again before anything is written."""
     subject = current_subject()

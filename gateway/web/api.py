@@ -15,7 +15,7 @@ from pydantic import TypeAdapter, ValidationError
 from gateway import db
 from gateway.clients.models import Client
 from gateway.clients.service import authenticate
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, InvalidInput
 from gateway.settings import Settings
 from gateway.web import ratelimit
 
@@ -106,6 +106,18 @@ def json_body(adapter: TypeAdapter[T]) -> T:
             raise InvalidJson("the body is not valid JSON") from None
         raise ValidationFailed("; ".join(f"{p['field']}: {p['problem']}" for p in problems),
                                errors=problems) from None
+
+
+def query_text(name: str, adapter: TypeAdapter[str]) -> str | None:
+    """A query parameter checked by the same rules as the body field it filters on."""
+    value = request.args.get(name)
+    if value is None:
+        return None
+    try:
+        return adapter.validate_python(value)
+    except ValidationError as error:
+        raise InvalidInput(f"{name}: {error.errors(include_url=False)[0]['msg']}",
+                           field=name) from None
 
 
 def _describe(item: Any) -> dict[str, str]:

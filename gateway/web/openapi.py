@@ -13,6 +13,7 @@ from flask import Blueprint, Response, current_app, jsonify
 from pydantic import TypeAdapter
 
 from gateway import __version__
+from gateway.clients.service import API_TOKEN_PREFIX
 from gateway.settings import Settings
 from gateway.web.api import public
 
@@ -68,6 +69,37 @@ def problem_responses(*statuses: int) -> dict[str, Any]:
     } for status in statuses}
 
 
+def json_answer(description: str, schema: dict[str, Any], *,
+                location: bool = False) -> dict[str, Any]:
+    """A JSON answer with this schema (and a Location header for creations)."""
+    answer: dict[str, Any] = {"description": description,
+                              "content": {"application/json": {"schema": schema}}}
+    if location:
+        answer["headers"] = {"Location": {"schema": {"type": "string"}}}
+    return answer
+
+
+def query(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """An optional query parameter."""
+    return {"name": name, "in": "query", "required": False, "schema": schema}
+
+
+def subject_filters() -> list[dict[str, Any]]:
+    """``subject_iss`` and ``subject_sub``, under the rules of a subject in a body."""
+    from gateway.elicitations.schemas import Issuer, SubjectId
+
+    return [query("subject_iss", _untokenlike(TypeAdapter(Issuer).json_schema())),
+            query("subject_sub", _untokenlike(TypeAdapter(SubjectId).json_schema()))]
+
+
+def _untokenlike(schema: dict[str, Any]) -> dict[str, Any]:
+    # The API refuses (400) any query value that starts like an API token:
+    # tokens must never travel in URLs, where proxies and logs keep them.
+    return {**schema, "not": {"pattern": f"^{API_TOKEN_PREFIX}"},
+            "description": f"A value starting with {API_TOKEN_PREFIX} is refused as a "
+                           "token in the URL"}
+
+
 _PROBLEM_SCHEMA: Final = {
     "type": "object",
     "description": "RFC 9457 problem details",
@@ -84,12 +116,14 @@ _PROBLEM_SCHEMA: Final = {
 
 def build(settings: Settings) -> dict[str, Any]:
     """The whole document for this deployment."""
+    from gateway.credentials import openapi as credentials
     from gateway.credentials.catalog import current_catalog
     from gateway.elicitations import openapi as elicitations
 
     document = Document("Gateway API", __version__)
     elicitations.describe(document, credential_types=current_catalog().ids,
                           payments_enabled=settings.stripe_secret_key is not None)
+    credentials.describe(document, credential_types=current_catalog().ids)
     document.path("/api/v1/openapi.json", "get", {
         "operationId": "openapi", "summary": "This document", "security": [],
         "responses": {"200": {"description": "OpenAPI 3.1",

@@ -1,0 +1,39 @@
+"""The JSON shapes of the credentials API, for its OpenAPI document."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field
+
+from gateway.elicitations.schemas import Subject
+
+CREDENTIAL_ID = r"^cr_[A-Za-z0-9_-]{1,37}$"
+
+
+class CredentialView(BaseModel):
+    """A stored credential's metadata; never the secret."""
+
+    id: str
+    type: str
+    hint: Annotated[str, Field(description="The last characters, to recognise the key")]
+    status: Literal["active", "revoked"]
+    subject: Subject
+    elicitation_id: str
+    created_at: str
+    revoked_at: str | None
+
+
+class CredentialPage(BaseModel):
+    """One page of a listing."""
+
+    items: list[CredentialView]
+    next_cursor: Annotated[str | None, Field(description="Pass as ?cursor= for the next page")]
+
+
+class RevealedCredential(BaseModel):
+    """The plaintext key, for the client that asked for it."""
+
+    id: str
+    type: str
+    secret: str

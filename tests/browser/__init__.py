@@ -1,0 +1,1 @@
+"""Tests in a real browser: Debian's Chromium driven by Playwright."""

@@ -1,0 +1,349 @@
+"""Real-browser fixtures: Debian's Chromium, driven by Playwright, against ``gateway serve``.
+
+The browser tests share one gateway (the real ``gateway serve`` over TLS
+with its self-signed development certificate, local login backend) and one
+headless Chromium that trusts exactly that certificate; the database is
+emptied when they are done. Each test gets fresh browser contexts (their
+own cookies) and its own elicitations, so tests do not see each other's
+sessions or requests.
+
+Every page a test opens is watched: a Content-Security-Policy violation, a
+JavaScript error or a request to any host but the gateway fails the test.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from playwright.sync_api import (
+    Browser,
+    BrowserContext,
+    ConsoleMessage,
+    Page,
+    Request,
+    Response,
+    WebError,
+    expect,
+    sync_playwright,
+)
+
+from gateway import db
+from gateway.serving.tls import dev_certificate_paths
+from tests.conftest import TEST_KEYRING, TEST_PEPPER, TEST_SECRET, _empty_tables
+from tests.integration.conftest import free_port, tls_context
+
+CHROMIUM = Path("/usr/bin/chromium")
+# Headless, and nothing Chromium would fetch or start on its own.
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+PASSWORD = "correct horse battery staple"
+# Generous for a cold Chromium, short enough that a hang fails fast.
+TIMEOUT_MS = 15_000
+
+GATEWAY = [sys.executable, "-m", "gateway"]
+
+expect.set_options(timeout=TIMEOUT_MS)
+
+
+@pytest.fixture(scope="package")
+def chromium_path() -> Path:
+    """Debian's Chromium; ``./dev test`` installs it. CI must have it, locally we skip."""
+    if not CHROMIUM.is_file():
+        reason = (f"{CHROMIUM} is missing: the browser tests need Debian's chromium "
+                  "(`apt-get install chromium`, which ./dev test does when it may)")
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return CHROMIUM
+
+
+# --- the gateway ---------------------------------------------------------------------
+
+
+@dataclass
+class ApiAnswer:
+    status: int
+    body: Any
+
+
+@dataclass
+class Gateway:
+    """A running ``gateway serve`` and what the tests do to it from outside the browser."""
+
+    origin: str
+    environ: dict[str, str]
+    workdir: Path
+    certfile: Path
+    process: subprocess.Popen[str]
+    log: Path
+    api_token: str = ""
+    client_name: str = ""
+
+    def url(self, path: str) -> str:
+        return self.origin + path
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.origin).netloc
+
+    def command(self, *args: str) -> subprocess.Popen[str]:
+        """Start a gateway command against this instance."""
+        process = subprocess.Popen([*GATEWAY, *args], env=self.environ, cwd=self.workdir,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        return process
+
+    def run(self, *args: str, stdin: str = "") -> Any:
+        """Run a gateway command against this instance; its JSON output."""
+        return _json_of(self.command(*args), stdin)
+
+    def create_users(self, *prefixes: str) -> list[str]:
+        """New local accounts with the test password (created side by side); their names."""
+        names = [f"{prefix}.{secrets.token_hex(3)}" for prefix in prefixes]
+        running = [self.command("users", "create", name, "--password-stdin", "--json")
+                   for name in names]
+        for name, process in zip(names, running, strict=True):
+            created = _json_of(process, PASSWORD + "\n")
+            assert created["subject"] == {"iss": self.origin, "sub": name}
+        return names
+
+    def create_user(self, prefix: str) -> str:
+        [username] = self.create_users(prefix)
+        return username
+
+    def api(self, method: str, path: str, body: Any = None) -> ApiAnswer:
+        """Call the JSON API over HTTPS as the registered MCP server."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url(path), data=data, method=method, headers={
+            "Authorization": f"Bearer {self.api_token}", "Content-Type": "application/json",
+            "Accept": "application/json"})
+        try:
+            with urllib.request.urlopen(request, context=tls_context(self.certfile),
+                                        timeout=30) as response:
+                return ApiAnswer(response.status, json.loads(response.read() or b"null"))
+        except urllib.error.HTTPError as error:
+            with error:
+                return ApiAnswer(error.code, json.loads(error.read() or b"null"))
+
+    def ask_for_key(self, username: str, message: str) -> dict[str, Any]:
+        """An API-key elicitation for ``username``, as their MCP server creates it."""
+        created = self.api("POST", "/api/v1/elicitations", {
+            "subject": {"iss": self.origin, "sub": username}, "kind": "api_key",
+            "credential_type": "generic", "message": message, "reuse_pending": False})
+        assert created.status == 201, created.body
+        elicitation: dict[str, Any] = created.body
+        return elicitation
+
+    def status_of(self, elicitation_id: str) -> str:
+        answer = self.api("GET", f"/api/v1/elicitations/{elicitation_id}")
+        assert answer.status == 200, answer.body
+        status: str = answer.body["status"]
+        return status
+
+
+def _json_of(process: subprocess.Popen[str], stdin: str = "") -> Any:
+    stdout, stderr = process.communicate(stdin, timeout=60)
+    assert process.returncode == 0, stderr
+    return json.loads(stdout)
+
+
+@pytest.fixture(scope="package")
+def gateway(chromium_path: Path, database_url: str,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """``gateway serve`` on a free port, with one registered MCP server (client)."""
+    workdir = tmp_path_factory.mktemp("browser-gateway")
+    instance = workdir / "instance"
+    instance.mkdir(mode=0o700)
+    port = free_port()
+    origin = f"https://localhost:{port}"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    environ.update({
+        "GATEWAY_INSTANCE_PATH": str(instance),
+        "GATEWAY_DATABASE_URL": database_url,
+        "GATEWAY_SECRET_KEY": TEST_SECRET,
+        "GATEWAY_TOKEN_PEPPER": TEST_PEPPER,
+        "GATEWAY_ENCRYPTION_KEYS": TEST_KEYRING,
+        # Links are built from it and every request's Host is checked against it.
+        "GATEWAY_PUBLIC_URL": origin,
+        "GATEWAY_LOGIN_BACKEND": "local",
+        # Every accessibility tour shows the failed-login page once, all from one address.
+        "GATEWAY_RATELIMIT_LOGIN": "100 per 15 minutes",
+    })
+    log = workdir / "serve.log"
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            [*GATEWAY, "serve", "--port", str(port), "--workers", "1", "--threads", "8"],
+            env=environ, cwd=workdir, stdout=handle, stderr=subprocess.STDOUT, text=True)
+    certfile, _ = dev_certificate_paths(instance)
+    server = Gateway(origin, environ, workdir, certfile, process, log)
+    try:
+        _wait_until_healthy(server)
+        client = server.run("clients", "create", "Weather Forecasts", "--json")
+        server.api_token, server.client_name = client["api_token"], client["name"]
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        # Leave the run's database empty, as every other test does.
+        engine = db.make_engine(database_url)
+        try:
+            _empty_tables(engine)
+        finally:
+            engine.dispose()
+
+
+def _wait_until_healthy(server: Gateway, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise AssertionError(f"gateway serve exited early:\n{server.log.read_text()}")
+        if server.certfile.exists():
+            try:
+                with urllib.request.urlopen(server.url("/healthz"), timeout=2,
+                                            context=tls_context(server.certfile)) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                pass
+        time.sleep(0.1)
+    raise AssertionError(f"gateway serve did not start:\n{server.log.read_text()}")
+
+
+# --- the browser ------------------------------------------------------------------------
+
+
+def spki_digest(certfile: Path) -> str:
+    """Base64 SHA-256 of the certificate's public key, as Chromium's SPKI list wants it."""
+    certificate = x509.load_pem_x509_certificate(certfile.read_bytes())
+    spki = certificate.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return base64.b64encode(hashlib.sha256(spki).digest()).decode()
+
+
+@pytest.fixture(scope="package")
+def browser(chromium_path: Path, gateway: Gateway) -> Iterator[Browser]:
+    """Headless Chromium that accepts the gateway's self-signed certificate and no other.
+
+    ``--ignore-certificate-errors-spki-list`` pins exactly that key, so TLS is
+    still checked for every other certificate and the contexts keep
+    ``ignore_https_errors=False``.
+    """
+    pin = f"--ignore-certificate-errors-spki-list={spki_digest(gateway.certfile)}"
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=str(chromium_path), headless=True, args=[*CHROMIUM_FLAGS, pin])
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@dataclass
+class Watch:
+    """What the pages of one browser context did that a test must not allow."""
+
+    host: str
+    problems: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+
+    def console(self, message: ConsoleMessage) -> None:
+        text = message.text
+        self.messages.append(f"{message.type}: {text}")
+        if "Content Security Policy" in text or "Content-Security-Policy" in text:
+            self.problems.append(f"CSP violation: {text}")
+        elif message.type == "error" and not text.startswith("Failed to load resource"):
+            # Error statuses (a 403 page, say) are reported as "Failed to load
+            # resource"; tests check those statuses themselves.
+            self.problems.append(f"console error: {text}")
+
+    def page_error(self, error: WebError) -> None:
+        self.problems.append(f"JavaScript error: {error.error}")
+
+    def response(self, response: Response) -> None:
+        # A page's own status is the test's business; a sub-resource must load.
+        if response.request.resource_type != "document" and response.status >= 400:
+            self.problems.append(f"{response.status} for {response.url}")
+
+    def request(self, request: Request) -> None:
+        self.requests.append(request.url)
+        parts = urlsplit(request.url)
+        if parts.scheme != "https" or parts.netloc != self.host:
+            self.problems.append(f"request to another origin: {request.url}")
+
+
+@pytest.fixture
+def watch(gateway: Gateway) -> Watch:
+    return Watch(gateway.host)
+
+
+@pytest.fixture
+def new_context(browser: Browser, watch: Watch) -> Iterator[Callable[..., BrowserContext]]:
+    """New browser contexts (own cookies), watched; closed and checked after the test."""
+    contexts: list[BrowserContext] = []
+
+    def make(**options: Any) -> BrowserContext:
+        context = browser.new_context(ignore_https_errors=False, **options)
+        context.set_default_timeout(TIMEOUT_MS)
+        context.set_default_navigation_timeout(TIMEOUT_MS)
+        context.on("console", watch.console)
+        context.on("weberror", watch.page_error)
+        context.on("request", watch.request)
+        context.on("response", watch.response)
+        contexts.append(context)
+        return context
+
+    yield make
+    for context in contexts:
+        context.close()
+    assert watch.problems == [], "\n".join(
+        [*watch.problems, "console:", *watch.messages])
+
+
+@pytest.fixture
+def page(new_context: Callable[..., BrowserContext]) -> Page:
+    """A page in a fresh context."""
+    return new_context().new_page()
+
+
+@pytest.fixture
+def screenshots(tmp_path: Path) -> Path:
+    """Where a test writes screenshots (a temporary folder, never the repository)."""
+    folder = tmp_path / "screenshots"
+    folder.mkdir()
+    return folder
+
+
+def log_in(page: Page, username: str, password: str = PASSWORD) -> None:
+    """Fill in and send the login form the page shows; wait for where it leads."""
+    page.get_by_label("User name").fill(username)
+    page.get_by_label("Password").fill(password)
+    with page.expect_navigation():
+        page.get_by_role("button", name="Log in").click()
