@@ -35,6 +35,8 @@ FEATURE_COMMANDS: Final = {
     "keys": "gateway.vault.cli:keys",
     "credentials": "gateway.credentials.cli:credentials",
     "webhooks": "gateway.webhooks.cli:webhooks",
+    "audit": "gateway.audit.cli:audit",
+    "status": "gateway.status:status",
 }
 
 

@@ -1,0 +1,114 @@
+"""``gateway status``: the state of this gateway at a glance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from gateway import cli, migrations
+from gateway.clients.models import WebhookSecret
+from gateway.credentials.models import Credential
+from gateway.db import make_engine
+from gateway.elicitations.lifecycle import Status
+from gateway.elicitations.models import Elicitation
+from gateway.pagination import timestamp
+from gateway.vault.keyring import KeyringError, load_keyring
+from gateway.webhooks.models import WebhookEvent
+
+
+def collect() -> dict[str, Any]:
+    """Every figure ``gateway status`` shows."""
+    settings = cli.settings()
+    engine = make_engine(settings.database_url)
+    report: dict[str, Any] = {"database": {"url": engine.url.render_as_string(
+        hide_password=True), "reachable": False}}
+    try:
+        current = migrations.current_revisions(engine)
+        report["database"].update(reachable=True, revision=sorted(current),
+                                  current=current == migrations.head_revisions())
+        if report["database"]["current"]:
+            report.update(_figures(engine))
+    except SQLAlchemyError as error:
+        report["database"]["error"] = type(error).__name__
+    finally:
+        engine.dispose()
+    try:
+        keyring = load_keyring(settings)
+        report.setdefault("keys", {})["keyring_versions"] = sorted(keyring.keys, reverse=True)
+        report["keys"]["current"] = keyring.current_version
+    except KeyringError as error:
+        report.setdefault("keys", {})["error"] = str(error)
+    return report
+
+
+def _figures(engine: Any) -> dict[str, Any]:
+    with engine.connect() as connection:
+        states = dict.fromkeys((s.value for s in Status), 0)
+        states.update(_counts(connection, Elicitation.status))
+        outbox = _counts(connection, WebhookEvent.status)
+        oldest = connection.scalar(select(func.min(WebhookEvent.next_attempt_at)).where(
+            WebhookEvent.status.in_(["pending", "delivering"])))
+        in_use: dict[str, int] = {}
+        for model in (Credential, WebhookSecret):
+            for version, count in connection.execute(
+                    select(model.key_version, func.count()).group_by(model.key_version)):
+                in_use[f"v{version}"] = in_use.get(f"v{version}", 0) + count
+    return {
+        "elicitations": states,
+        "webhooks": {"backlog": outbox.get("pending", 0) + outbox.get("delivering", 0),
+                     "oldest_due": timestamp(oldest), "dead": outbox.get("dead", 0),
+                     "delivered": outbox.get("delivered", 0)},
+        "keys": {"in_use": in_use},
+    }
+
+
+def _counts(connection: Any, column: Any) -> dict[str, int]:
+    rows = connection.execute(select(column, func.count()).group_by(column)).all()
+    return {row[0]: row[1] for row in rows}
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def status(as_json: bool) -> None:
+    """Database, schema, keys, webhook backlog and elicitations, at a glance."""
+    report = collect()
+    if as_json:
+        cli.echo_json(report)
+    else:
+        _print(report)
+    healthy = report["database"].get("current") and "error" not in report.get("keys", {})
+    if not healthy:
+        raise SystemExit(1)
+
+
+def _line(label: str, text: str, colour: str | None = None) -> None:
+    click.echo(f"{label + ':':14}" + click.style(text, fg=colour))
+
+
+def _print(report: dict[str, Any]) -> None:
+    database = report["database"]
+    if not database["reachable"]:
+        _line("database", f"unreachable ({database.get('error')})", "red")
+        return
+    _line("database", database["url"], "green")
+    schema = ", ".join(database["revision"]) or "empty"
+    _line("schema", f"{schema} (current)" if database["current"]
+          else f"{schema} (run `gateway db upgrade`)", "green" if database["current"] else "red")
+    keys = report.get("keys", {})
+    if "error" in keys:
+        _line("keys", keys["error"], "red")
+    else:
+        use = ", ".join(f"{v}: {n}" for v, n in sorted(keys.get("in_use", {}).items()))
+        stale = [v for v in keys.get("in_use", {}) if v != f"v{keys['current']}"]
+        _line("keys", f"current v{keys['current']}; secrets by version: {use or 'none'}",
+              "yellow" if stale else "green")
+    if "webhooks" in report:
+        hooks = report["webhooks"]
+        _line("webhooks", f"backlog {hooks['backlog']} (oldest due {hooks['oldest_due'] or '-'})"
+              f", dead {hooks['dead']}, delivered {hooks['delivered']}",
+              "red" if hooks["dead"] else "yellow" if hooks["backlog"] else "green")
+        counts = ", ".join(f"{s} {n}" for s, n in report["elicitations"].items())
+        _line("elicitations", counts)

@@ -1,0 +1,69 @@
+"""``gateway audit`` and ``gateway status``: what operators read, and that it cannot be forged."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from flask import Flask
+
+from tests.conftest import Registered, client_for
+from tests.integration.conftest import Result
+from tests.integration.portal.conftest import Browser
+
+pytestmark = pytest.mark.slow
+
+FORGED = "mallory\x1b[31m\n2026-12-02T00:00:00.000Z  operator:root  client.created"
+
+
+def ok(result: Result) -> str:
+    assert result.code == 0, result.stderr
+    return result.stdout
+
+
+def test_audit_lists_records_and_user_text_cannot_forge_lines(
+    app: Flask, register: Callable[..., Registered], run_gateway: Callable[..., Result],
+) -> None:
+    register("Weather MCP")
+    browser = Browser(client_for(app))
+    browser.log_in(FORGED, password="\x1b[31mhunter-password-x")
+    table = ok(run_gateway("audit"))
+    lines = table.strip().splitlines()
+    assert len(lines) == 3  # header, client.created, login.failed
+    [failed] = [line for line in lines if "login.failed" in line]
+    assert "\\n2026-12-02" in failed  # the newline shows as an escape, on the same line
+    assert "\x1b" not in table
+    records = json.loads(ok(run_gateway("audit", "--json")))
+    assert sorted(r["action"] for r in records) == ["client.created", "login.failed"]
+    [stored] = [r for r in records if r["action"] == "login.failed"]
+    assert stored["target"] == FORGED  # stored as typed, encoded only when shown
+    assert "hunter" not in json.dumps(records)  # the password is never recorded
+    only = json.loads(ok(run_gateway("audit", "--json", "--action", "login.")))
+    assert [r["action"] for r in only] == ["login.failed"]
+    assert json.loads(ok(run_gateway("audit", "--json", "--since", "1m")))
+    assert json.loads(ok(run_gateway("audit", "--json", "--since", "2999-01-01"))) == []
+    bad = run_gateway("audit", "--since", "yesterday")
+    assert bad.code == 1 and "--since" in bad.stderr
+
+
+def test_status_reports_schema_keys_and_backlog(
+    register: Callable[..., Registered], run_gateway: Callable[..., Result],
+) -> None:
+    register("Weather MCP")
+    report = json.loads(ok(run_gateway("status", "--json")))
+    assert report["database"]["current"] is True
+    assert report["keys"]["current"] == 1
+    assert report["keys"]["in_use"] == {"v1": 1}  # the client's webhook secret
+    assert report["webhooks"]["backlog"] == 0
+    assert report["elicitations"]["pending"] == 0
+    assert "schema:" in ok(run_gateway("status"))
+
+
+def test_status_fails_on_a_schema_that_is_not_current(
+    run_gateway: Callable[..., Result], cli_environ: dict[str, str], empty_database_url: str,
+) -> None:
+    result = run_gateway("status", env={**cli_environ,
+                                        "GATEWAY_DATABASE_URL": empty_database_url})
+    assert result.code == 1
+    assert "gateway db upgrade" in result.stdout
