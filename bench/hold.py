@@ -134,11 +134,18 @@ class HeldRequests:
     """A context manager keeping ``count`` requests in flight against one target.
 
     Entering starts the connections in a background thread and returns once
-    each has sent its first request; leaving stops them and fills ``stats``.
+    each has sent its first request and ``settle_s`` more seconds have passed
+    (for the server to take them in); leaving stops them and fills ``stats``.
+    With ``drain_s``, leaving first lets the requests in flight be answered,
+    for up to that many seconds, sending none again.
     """
 
     def __init__(self, host: str, port: int, request: Request, count: int,
-                 cafile: Path, expected_status: int = 200) -> None:
+                 cafile: Path, expected_status: int = 200, *, settle_s: float = 0.0,
+                 drain_s: float = 0.0) -> None:
+        self._settle_s = settle_s
+        self._drain_s = drain_s
+        self._draining = False
         self._address = (host, port)
         self._wire = wire_bytes(request, host, port)
         self._method = request.method
@@ -156,6 +163,8 @@ class HeldRequests:
         self._thread.start()
         # On a timeout, measure anyway: the stats show how many never got going.
         self._ramped.wait(RAMP_TIMEOUT_S)
+        if self._settle_s > 0:
+            time.sleep(self._settle_s)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -173,6 +182,12 @@ class HeldRequests:
         if not tasks:
             self._ramped.set()
         await self._stop.wait()
+        if self._drain_s > 0:
+            # No request is sent again; wait for the open ones to be answered.
+            self._draining = True
+            deadline = time.monotonic() + self._drain_s
+            while self._in_flight and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
         # Counted before cancelling: cancelling ends the requests still open.
         self.stats.open_at_stop = self._in_flight
         for task in tasks:
@@ -183,9 +198,11 @@ class HeldRequests:
         """One held request, sent again as soon as it is answered, until cancelled."""
         stream: Stream | None = None
         try:
-            while True:
+            while not self._draining:
                 reused = stream is not None
                 stream = stream or await self._connect()
+                if self._draining:
+                    break
                 if not await self._exchange(*stream, reused=reused):
                     _close(stream)
                     stream = None

@@ -118,7 +118,8 @@ class ScenarioResult:
 
 # --- printing -------------------------------------------------------------------
 
-_COLUMNS = ("scenario", "target", "req/s", "spread", "p50 ms", "p99 ms", "problems")
+_COLUMNS = ("scenario", "target", "req/s", "spread", "p50 ms", "p99 ms", "held", "problems")
+_TEXT_COLUMNS = (0, 1, 6, 7)
 
 
 def header(facts: dict[str, str]) -> str:
@@ -136,7 +137,7 @@ def table(results: list[ScenarioResult]) -> str:
         notes += _held_notes(result)
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     # Text columns to the left, numbers to the right.
-    lines = ["  ".join(cell.ljust(w) if i in (0, 1, 6) else cell.rjust(w)
+    lines = ["  ".join(cell.ljust(w) if i in _TEXT_COLUMNS else cell.rjust(w)
                        for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
              for row in rows]
     lines.insert(1, "-" * len(lines[0]))
@@ -146,18 +147,35 @@ def table(results: list[ScenarioResult]) -> str:
 def _scenario_rows(result: ScenarioResult) -> list[tuple[str, ...]]:
     if not result.measured:
         reason = (result.error or "not measured").splitlines()[0]
-        return [(result.name, "FAILED", "", "", "", "", reason)]
+        return [(result.name, "FAILED", "", "", "", "", "", reason)]
     rows: list[tuple[str, ...]] = []
     for name in TARGETS:
         target = result.targets[name]
         spread = "-" if target.spread is None else f"{target.spread:.1%}"
         rows.append((result.name if name == TARGETS[0] else "", name,
                      f"{target.requests_per_second:,.0f}", spread,
-                     f"{target.p50_ms:.2f}", f"{target.p99_ms:.2f}", target.problems))
+                     f"{target.p50_ms:.2f}", f"{target.p99_ms:.2f}", _held_cell(target),
+                     target.problems))
     ratios = result.ratios()
     rows.append(("", "gateway/bare", f"{ratios['requests_per_second']:.2f}x", "",
-                 f"{ratios['p50_ms']:.2f}x", f"{ratios['p99_ms']:.2f}x", ""))
+                 f"{ratios['p50_ms']:.2f}x", f"{ratios['p99_ms']:.2f}x", "", ""))
     return rows
+
+
+def _held_cell(target: TargetResult) -> str:
+    """The held requests in short: answered as expected of those sent, and their mean time.
+
+    Over all rounds. For a long-poll nothing completes, every answer should
+    take the whole wait: a shorter mean means some were answered at once.
+    """
+    if not target.holds:
+        return "-"
+    stats = combine(target.holds)
+    cell = f"{stats.answered}/{stats.sent} ok"
+    if stats.mean_answer_s is not None:
+        cell += f", {stats.mean_answer_s:.1f} s"
+    failed = sum(stats.unexpected.values()) + sum(stats.errors.values()) + stats.open_at_stop
+    return cell + (f", {failed} not" if failed else "")
 
 
 def _held_notes(result: ScenarioResult) -> list[str]:

@@ -37,6 +37,12 @@ from hold import HeldRequests, HoldStats
 from scenarios import SCENARIOS, Gateway, Request, Scenario, SetupError, send
 
 RESULTS_FOLDER = Path(__file__).with_name("results")
+# Enough for the 500 held long-polls of the API scenarios on 2 workers: the
+# gateway lends a worker's threads minus a reserve (gateway serve's
+# wait_slots: 360 of 480) to waits, and the held connections do not split
+# evenly between the workers (about 280/220 seen). Idle threads cost the
+# other scenarios nothing: gunicorn starts them only as requests need them.
+DEFAULT_THREADS = 480
 
 
 class ScenarioFailed(Exception):
@@ -89,8 +95,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # --workers and --threads mean what they mean to `gateway serve`.
     parser.add_argument("--workers", type=_positive, default=2,
                         help="gunicorn worker processes, both servers (default 2)")
-    parser.add_argument("--threads", type=_positive, default=32,
-                        help="gunicorn threads per worker, both servers (default 32)")
+    parser.add_argument("--threads", type=_positive, default=DEFAULT_THREADS,
+                        help="gunicorn threads per worker, both servers "
+                             f"(default {DEFAULT_THREADS})")
     parser.add_argument("--rounds", type=_positive, default=2,
                         help="measured runs per target and scenario (default 2)")
     parser.add_argument("--warmup", type=int, default=2,
@@ -148,6 +155,12 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """Set up both targets, measure each scenario, report; undo the setup in any case."""
     scenarios = chosen_scenarios(args.scenario, args.hold)
+    capacity = servers.long_poll_capacity(args.workers, args.threads)
+    for scenario in scenarios:
+        if scenario.hold and scenario.hold.count > capacity:
+            _progress(f"{scenario.name}: {scenario.hold.count} held requests, but the gateway "
+                      f"parks at most {capacity} with {args.workers} workers x {args.threads} "
+                      "threads; the rest are answered at once and sent again")
     wrk_path = wrk.ensure_installed()
     load = Load(duration=args.duration, connections=args.connections, threads=args.wrk_threads,
                 rounds=args.rounds, warmup=max(args.warmup, 0))
@@ -237,7 +250,8 @@ def _measured_run(scenario: Scenario, target: Target, request: Request, held: Re
         return wrk.run(wrk_path, url, script, duration=load.duration,
                        connections=load.connections, threads=load.threads), None
     holding = HeldRequests(servers.HOST, target.port, held, scenario.hold.count, target.cafile,
-                           scenario.hold.expected_status)
+                           scenario.hold.expected_status, settle_s=scenario.hold.settle_s,
+                           drain_s=scenario.hold.drain_s)
     with holding:
         run = wrk.run(wrk_path, url, script, duration=load.duration,
                       connections=load.connections, threads=load.threads)
@@ -277,6 +291,8 @@ def machine_facts(args: argparse.Namespace, load: Load, wrk_version: str,
                    f"x {args.threads} threads, TLS on loopback; "
                    f"Flask {metadata.version('flask')}",
         "database": database,
+        "rate limits": f"limiter on, {servers.UNREACHABLE_LIMIT} per token and per address "
+                       "(out of the load's reach)",
         "load": f"{wrk_version}, {load.threads} threads, {load.connections} connections, "
                 f"{load.duration} s per run",
         "rounds": f"{load.rounds} per target, alternating, after {load.warmup} s warm-up",

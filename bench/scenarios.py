@@ -20,11 +20,13 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
+import secrets
 import ssl
 import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -106,7 +108,8 @@ class Gateway:
         return send(self.host, self.port, request, self.cafile)
 
 
-View = Callable[[], ResponseReturnValue]
+# Called with the rule's variables as keyword arguments, as Flask calls views.
+View = Callable[..., ResponseReturnValue]
 # Runs once, after both servers answer and before any load; gets the
 # scenario's request and returns the one to send (e.g. with a bearer token).
 Setup = Callable[[Gateway, Request], Request]
@@ -132,6 +135,15 @@ class Hold:
     expected_status: int = 200
     setup: Setup | None = None
     bare_rule: str | None = None
+    # Seconds to let the server take the held requests in (TLS handshakes,
+    # authentication, parking) after they are sent and before wrk starts, so
+    # the measurement sees them held, not arriving.
+    settle_s: float = 0.0
+    # After wrk stops: seconds to let the requests in flight be answered (none
+    # is sent again) before the rest are cut. A long-poll's wait plus a margin,
+    # so a server holds none of this run's requests when the next run starts:
+    # a cut connection does not free the thread the server parked for it.
+    drain_s: float = 0.0
 
     @property
     def rule(self) -> str:
@@ -190,10 +202,10 @@ def long_poll(view: View, parameter: str = "wait", limit: float = 60.0) -> View:
     measured request and the held one.
     """
 
-    def sleeping() -> ResponseReturnValue:
+    def sleeping(**variables: Any) -> ResponseReturnValue:
         wait = request.args.get(parameter, type=float) or 0.0
         time.sleep(min(max(wait, 0.0), limit))
-        return view()
+        return view(**variables)
 
     sleeping.__name__ = f"long_poll_{getattr(view, '__name__', 'view')}"
     return sleeping
@@ -225,4 +237,149 @@ register(Scenario(
     bare_view=_healthz_bare,
     hold=Hold(request=Request("GET", "/healthz"), count=32, bare_view=_healthz_bare),
     in_default_run=False,
+))
+
+
+# --- the elicitation API ---------------------------------------------------------
+#
+# Both scenarios hold 500 long-polls (GET /api/v1/elicitations/{id}?wait=30 of
+# a pending elicitation nothing completes) on each target while wrk measures,
+# as a busy gateway serves its MCP servers' waits beside their other calls.
+
+ELICITATIONS = "/api/v1/elicitations"
+ISSUER = "https://auth.example.com"
+MESSAGE = "Connect your Example API key so the assistant can read your projects."
+HELD_COUNT = 500
+HELD_WAIT_S = 30
+# Elicitations read or waited on live the longest a client may ask (24 h),
+# so a long run never sees them expire.
+LONG_TTL_S = 24 * 3600
+
+
+def _create_body(message: str = MESSAGE, **extra: Any) -> dict[str, Any]:
+    """A create request; ``reuse_pending`` off, so each one really creates a row."""
+    return {"subject": {"iss": ISSUER, "sub": "bench-user"}, "kind": "api_key",
+            "credential_type": "generic", "message": message, "reuse_pending": False,
+            **extra}
+
+
+def _api_token(gateway: Gateway, name: str) -> str:
+    """A new API client's bearer token (``gateway clients create NAME --json``)."""
+    output = gateway.cli("clients", "create", name, "--json")
+    try:
+        token = json.loads(output)["api_token"]
+    except (ValueError, KeyError, TypeError):
+        raise SetupError(f"`gateway clients create {name} --json` printed no api_token") \
+            from None
+    if not isinstance(token, str):
+        raise SetupError(f"`gateway clients create {name} --json` printed no api_token")
+    return token
+
+
+def _pending_elicitation(gateway: Gateway, token: str, message: str) -> str:
+    """The id of a new pending elicitation, created through the API with ``token``."""
+    status, body = gateway.send(Request.with_json(
+        "POST", ELICITATIONS, _create_body(message, ttl_seconds=LONG_TTL_S),
+        headers={"Authorization": f"Bearer {token}"}))
+    if status != 201:
+        raise SetupError(f"creating an elicitation answered {status}: {body[:120]!r}")
+    elicitation_id = json.loads(body).get("id")
+    if not isinstance(elicitation_id, str):
+        raise SetupError("creating an elicitation answered no id")
+    return elicitation_id
+
+
+def _create_setup(gateway: Gateway, request: Request) -> Request:
+    return request.with_header("Authorization", f"Bearer {_api_token(gateway, 'bench-create')}")
+
+
+def _read_setup(gateway: Gateway, request: Request) -> Request:
+    token = _api_token(gateway, "bench-read")
+    elicitation_id = _pending_elicitation(gateway, token, MESSAGE)
+    return dataclasses.replace(request, path=f"{ELICITATIONS}/{elicitation_id}") \
+        .with_header("Authorization", f"Bearer {token}")
+
+
+def _held_setup(client_name: str) -> Setup:
+    """Setup for the held long-polls: their own client and pending elicitation."""
+
+    def setup(gateway: Gateway, request: Request) -> Request:
+        token = _api_token(gateway, client_name)
+        elicitation_id = _pending_elicitation(gateway, token, MESSAGE)
+        return dataclasses.replace(
+            request, path=f"{ELICITATIONS}/{elicitation_id}?wait={HELD_WAIT_S}",
+        ).with_header("Authorization", f"Bearer {token}")
+
+    return setup
+
+
+def _timestamp(moment: datetime) -> str:
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _elicitation_json(elicitation_id: str, subject: Any, message: Any,
+                      ttl_seconds: int) -> dict[str, Any]:
+    """The gateway's JSON view of a pending api_key elicitation: same fields, same order."""
+    now = datetime.now(UTC)
+    url = f"https://{request.host}/e/{elicitation_id}"
+    return {
+        "id": elicitation_id, "url": url, "status": "pending", "kind": "api_key",
+        "credential_type": "generic", "payment": None, "subject": subject,
+        "message": message, "metadata": {}, "created_at": _timestamp(now),
+        "expires_at": _timestamp(now + timedelta(seconds=ttl_seconds)),
+        "opened_at": None, "ended_at": None,
+        "mcp": {"mode": "url", "message": message, "url": url,
+                "elicitationId": elicitation_id},
+    }
+
+
+def _create_bare() -> ResponseReturnValue:
+    """201 with the created elicitation, as the gateway answers: the body parsed, an id made."""
+    body = request.get_json()
+    elicitation_id = "el_" + secrets.token_urlsafe(18)
+    response = jsonify(_elicitation_json(elicitation_id, body["subject"], body["message"],
+                                         body.get("ttl_seconds", 900)))
+    response.headers["Location"] = f"{request.path}/{elicitation_id}"
+    return response, 201
+
+
+def _elicitation_bare(elicitation_id: str) -> Response:
+    """The elicitation's JSON, as the gateway answers a read."""
+    return jsonify(_elicitation_json(elicitation_id, {"iss": ISSUER, "sub": "bench-user"},
+                                     MESSAGE, LONG_TTL_S))
+
+
+# One view for the read and every held long-poll (one rule): answers at once
+# without ?wait, sleeps the wait with it, as nothing completes the elicitation.
+_read_bare = long_poll(_elicitation_bare, limit=60)
+_ELICITATION_RULE = f"{ELICITATIONS}/<elicitation_id>"
+
+
+def _held_long_polls(client_name: str) -> Hold:
+    return Hold(request=Request("GET", f"{ELICITATIONS}/{{id}}?wait={HELD_WAIT_S}"),
+                count=HELD_COUNT, bare_view=_read_bare, setup=_held_setup(client_name),
+                bare_rule=_ELICITATION_RULE, settle_s=5.0, drain_s=HELD_WAIT_S + 15.0)
+
+
+register(Scenario(
+    name="create",
+    description="POST /api/v1/elicitations: token check, body validation, one INSERT of "
+                "the elicitation and its audit row in one transaction; while 500 "
+                "long-polls (?wait=30) are held",
+    request=Request.with_json("POST", ELICITATIONS, _create_body()),
+    bare_view=_create_bare,
+    expected_status=201,
+    setup=_create_setup,
+    hold=_held_long_polls("bench-create-held"),
+))
+
+register(Scenario(
+    name="read",
+    description="GET /api/v1/elicitations/{id}: token check and one read by primary key; "
+                "while 500 long-polls (?wait=30) are held",
+    request=Request("GET", f"{ELICITATIONS}/{{id}}"),
+    bare_view=_read_bare,
+    setup=_read_setup,
+    bare_rule=_ELICITATION_RULE,
+    hold=_held_long_polls("bench-read-held"),
 ))

@@ -26,7 +26,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from gateway.serving.server import Options, gunicorn_config
+from gateway.serving.server import Options, gunicorn_config, wait_slots
 from gateway.serving.tls import dev_certificate_paths
 from gateway.settings import ENV_PREFIX, SettingsError, load_settings
 
@@ -35,6 +35,9 @@ GATEWAY_COMMAND = (sys.executable, "-m", "gateway")
 BARE_SCRIPT = Path(__file__).with_name("bare.py")
 # The same server the test suite uses, and the same variable to point elsewhere.
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+# The limiter stays on (its cost per request is part of what is measured), with
+# limits no load here can reach, so that no request is refused with 429.
+UNREACHABLE_LIMIT = "100000000/minute"
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 
@@ -126,6 +129,8 @@ def scratch_environ(instance: Path, port: int, database_url: str | None) -> dict
     environ["GATEWAY_INSTANCE_PATH"] = str(instance)
     # init allows 127.0.0.1 as a host for a localhost URL; the load goes there.
     environ["GATEWAY_PUBLIC_URL"] = f"https://localhost:{port}"
+    environ["GATEWAY_RATELIMIT_API"] = UNREACHABLE_LIMIT
+    environ["GATEWAY_RATELIMIT_API_IP"] = UNREACHABLE_LIMIT
     if database_url:
         environ["GATEWAY_DATABASE_URL"] = database_url
     return environ
@@ -160,6 +165,11 @@ def gateway_options(port: int, workers: int, threads: int, instance: Path) -> Op
     """How ``gateway serve`` will serve: its own development certificate, on loopback."""
     return Options(host=HOST, port=port, workers=workers, threads=threads,
                    tls_files=dev_certificate_paths(instance))
+
+
+def long_poll_capacity(workers: int, threads: int) -> int:
+    """How many long-polls the gateway parks at once; past that, a wait answers at once."""
+    return workers * wait_slots(threads)
 
 
 def server_config(environ: dict[str, str], options: Options) -> dict[str, Any]:

@@ -6,13 +6,14 @@ and (later) its outbox row commit together or not at all.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 from flask import Flask, current_app, g
-from sqlalchemy import DateTime, Engine, MetaData, create_engine, event
+from sqlalchemy import Connection, DateTime, Engine, MetaData, create_engine, event
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
@@ -53,12 +54,19 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+# How long SQLite waits for another writer before "database is locked".
+SQLITE_BUSY_TIMEOUT_S = 15.0
+_WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
+_HOLDS_WRITE_LOCK = "gateway.write_lock"
+
+
 def make_engine(database_url: str, **options: Any) -> Engine:
     """An engine for the URL; SQLite gets WAL, foreign keys and a busy timeout."""
     if database_url.startswith("sqlite"):
-        options.setdefault("connect_args", {"timeout": 15})
+        options.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_S})
         engine = create_engine(database_url, **options)
         event.listen(engine, "connect", _tune_sqlite)
+        _serialize_sqlite_writers(engine)
         return engine
     options.setdefault("pool_pre_ping", True)
     options.setdefault("pool_size", 10)
@@ -74,6 +82,36 @@ def _tune_sqlite(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+def _serialize_sqlite_writers(engine: Engine) -> None:
+    """Let one thread of the process write at a time; the others queue on a lock.
+
+    SQLite has one writer. A thread that finds the write lock taken sleeps in
+    SQLite's busy handler, in steps growing to 100 ms, so under concurrent
+    writes the lock sits free while the waiters sleep, and the writer holding
+    it waits for the GIL between its statements. Queued on a Python lock
+    instead, the next writer starts the moment the last one is done. The lock
+    is taken before a transaction's first write and given back when its
+    connection returns to the pool (after the commit or rollback). Past the
+    busy timeout a writer goes ahead unqueued, so SQLite's own locking (and
+    its "database is locked") stays the last word.
+    """
+    lock = threading.Lock()
+
+    def before_write(connection: Connection, cursor: Any, statement: str, *args: Any) -> None:
+        info = connection.info
+        if info.get(_HOLDS_WRITE_LOCK) or not statement.lstrip()[:7].upper().startswith(_WRITES):
+            return
+        info[_HOLDS_WRITE_LOCK] = lock.acquire(timeout=SQLITE_BUSY_TIMEOUT_S)
+
+    def after_transaction(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        if record.info.pop(_HOLDS_WRITE_LOCK, False):
+            lock.release()
+
+    event.listen(engine, "before_cursor_execute", before_write)
+    event.listen(engine.pool, "checkin", after_transaction)
+    event.listen(engine.pool, "detach", after_transaction)
 
 
 def init_app(app: Flask, database_url: str) -> None:

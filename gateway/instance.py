@@ -49,29 +49,42 @@ def keyring_text() -> str:
     )
 
 
+def config_path() -> Path:
+    """Where the config file is (GATEWAY_CONFIG, else in the instance folder)."""
+    if CONFIG_ENV in os.environ:
+        return Path(os.environ[CONFIG_ENV])
+    return instance_path_from_environment() / "gateway.toml"
+
+
+def create_instance(public_url: str) -> list[Path]:
+    """Write a config with fresh secrets and a keyring; the files written.
+
+    Raises SettingsError for a bad URL and FileError when a file exists or
+    cannot be written (then nothing is left behind).
+    """
+    public_url = check_public_url(public_url)
+    instance = instance_path_from_environment()
+    local = public_url.startswith(("https://localhost", "https://127.0.0.1"))
+    files = {
+        config_path(): config_text(public_url, ("127.0.0.1",) if local else ()).encode(),
+        instance / KEYRING_NAME: keyring_text().encode(),
+    }
+    write_private_files(files)
+    instance.chmod(0o700)
+    return list(files)
+
+
 @click.command()
 @click.option("--public-url", default="https://localhost:8443", show_default=True,
               help="The https origin users reach.")
 def init(public_url: str) -> None:
     """Create the instance folder, its config and keyring, with fresh secrets."""
     try:
-        public_url = check_public_url(public_url)
+        written = create_instance(public_url)
     except SettingsError as error:
         cli.fail(str(error).replace(env_name("public_url"), "--public-url"))
-    instance = instance_path_from_environment()
-    config = Path(os.environ[CONFIG_ENV]) if CONFIG_ENV in os.environ else (
-        instance / "gateway.toml"
-    )
-    local = public_url.startswith(("https://localhost", "https://127.0.0.1"))
-    files = {
-        config: config_text(public_url, ("127.0.0.1",) if local else ()).encode(),
-        instance / KEYRING_NAME: keyring_text().encode(),
-    }
-    try:
-        write_private_files(files)
     except FileError as error:
         cli.fail(str(error))
-    instance.chmod(0o700)
-    for path in files:
+    for path in written:
         click.echo(f"wrote {path} (mode 0600)")
     click.echo("next: gateway db upgrade && gateway serve")

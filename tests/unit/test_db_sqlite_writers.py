@@ -1,0 +1,85 @@
+"""SQLite writers of one process queue on a lock instead of SQLite's busy handler.
+
+Its own SQLite file in a temporary folder, whatever TEST_DATABASE_URL says.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+
+from gateway import db
+
+# Its own SQLite file: the same on every run, whichever backend the suite is on.
+pytestmark = pytest.mark.backend_independent
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'writers.db'}")
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE rows (n INTEGER)"))
+    yield engine
+    engine.dispose()
+
+
+def test_concurrent_write_transactions_all_commit(engine: Engine) -> None:
+    failures: list[BaseException] = []
+
+    def write(start: int) -> None:
+        try:
+            for n in range(start, start + 50):
+                with engine.begin() as connection:
+                    connection.execute(text("INSERT INTO rows (n) VALUES (:n)"), {"n": n})
+                    connection.execute(text("UPDATE rows SET n = n WHERE n = :n"), {"n": n})
+        except BaseException as error:  # reported by the assertion below
+            failures.append(error)
+
+    threads = [threading.Thread(target=write, args=(i * 1000,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    with engine.connect() as connection:
+        assert connection.scalar(text("SELECT count(*) FROM rows")) == 400
+
+
+def test_a_writer_waits_until_the_other_transaction_has_ended(engine: Engine) -> None:
+    done = threading.Event()
+
+    def second_writer() -> None:
+        with engine.begin() as connection:
+            connection.execute(text("INSERT INTO rows (n) VALUES (2)"))
+        done.set()
+
+    with engine.connect() as first:
+        first.execute(text("INSERT INTO rows (n) VALUES (1)"))
+        thread = threading.Thread(target=second_writer)
+        thread.start()
+        time.sleep(0.2)
+        assert not done.is_set()  # queued behind the open write transaction
+        first.commit()
+    assert done.wait(5)
+    thread.join()
+
+
+def test_reads_do_not_wait_for_a_writer(engine: Engine) -> None:
+    with engine.connect() as writer:
+        writer.execute(text("INSERT INTO rows (n) VALUES (1)"))
+        read: list[int] = []
+        thread = threading.Thread(target=lambda: read.append(_count(engine)))
+        thread.start()
+        thread.join(5)
+        assert read == [0]  # the uncommitted row is not seen, and nothing blocked
+        writer.rollback()
+
+
+def _count(engine: Engine) -> int:
+    with engine.connect() as connection:
+        return int(connection.scalar(text("SELECT count(*) FROM rows")) or 0)
