@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import JSON, ForeignKey, String
@@ -31,6 +32,23 @@ class Client(Base):
     @property
     def active(self) -> bool:
         return self.status == "active"
+
+    def may_use(self, credential_type: str) -> bool:
+        """Whether this client may ask its users for keys of ``credential_type``."""
+        return not self.credential_types or credential_type in self.credential_types
+
+
+@dataclass(frozen=True, slots=True)
+class ClientIdentity:
+    """Who an API request comes from: what the rules need, read without the ORM.
+
+    Authentication runs on every API request, so it reads three columns
+    rather than building a mapped object it would throw away.
+    """
+
+    id: str
+    name: str
+    credential_types: tuple[str, ...]
 
     def may_use(self, credential_type: str) -> bool:
         """Whether this client may ask its users for keys of ``credential_type``."""

@@ -18,7 +18,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from gateway.audit import service as audit
-from gateway.clients.models import Client
+from gateway.clients.models import ClientIdentity
 from gateway.clock import Clock
 from gateway.credentials.catalog import Catalog
 from gateway.elicitations import lifecycle
@@ -54,7 +54,7 @@ class IdempotencyConflict(Conflict):
 class Caller:
     """Who asks, for the audit trail."""
 
-    client: Client
+    client: ClientIdentity
     source_ip: str | None
 
     @property
@@ -106,7 +106,7 @@ def request_digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
-def _replay(session: Session, clock: Clock, client: Client, key: str,
+def _replay(session: Session, clock: Clock, client: ClientIdentity, key: str,
             digest: str) -> Outcome | None:
     record = session.scalar(select(IdempotencyRecord).where(
         IdempotencyRecord.client_id == client.id, IdempotencyRecord.key == key))
@@ -122,7 +122,7 @@ def _replay(session: Session, clock: Clock, client: Client, key: str,
     return Outcome(record.status_code, record.response)
 
 
-def _check_allowed(client: Client, request: Create, catalog: Catalog,
+def _check_allowed(client: ClientIdentity, request: Create, catalog: Catalog,
                    payments_enabled: bool) -> None:
     if isinstance(request, CreatePaymentElicitation):
         if not payments_enabled:
@@ -139,7 +139,7 @@ def _check_allowed(client: Client, request: Create, catalog: Catalog,
                            field="credential_type")
 
 
-def _reusable(session: Session, client: Client, request: Create,
+def _reusable(session: Session, client: ClientIdentity, request: Create,
               now: datetime) -> Elicitation | None:
     query = select(Elicitation).where(
         Elicitation.client_id == client.id,
@@ -196,7 +196,7 @@ def _payment_fields(request: Create) -> dict[str, Any] | None:
 # --- read, list, cancel -------------------------------------------------------------
 
 
-def get(session: Session, clock: Clock, client: Client, elicitation_id: str) -> Elicitation:
+def get(session: Session, clock: Clock, client: ClientIdentity, elicitation_id: str) -> Elicitation:
     """The client's elicitation, expired first if its time is up.
 
     Another client's elicitation is reported exactly like an unknown one.

@@ -13,7 +13,7 @@ from flask import Blueprint, Flask, current_app, g, request
 from pydantic import TypeAdapter, ValidationError
 
 from gateway import db
-from gateway.clients.models import Client
+from gateway.clients.models import ClientIdentity
 from gateway.clients.service import authenticate
 from gateway.errors import GatewayError, InvalidInput
 from gateway.settings import Settings
@@ -76,9 +76,9 @@ def init_app(app: Flask, settings: Settings, children: Iterable[Blueprint]) -> N
     app.register_blueprint(parent)
 
 
-def current_client() -> Client:
+def current_client() -> ClientIdentity:
     """The client that authenticated this request."""
-    client: Client = g.client
+    client: ClientIdentity = g.client
     return client
 
 
