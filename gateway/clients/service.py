@@ -167,6 +167,11 @@ _AUTHENTICATE: Final = (
 )
 
 
+def identity_of(client: Client) -> ClientIdentity:
+    """What the rules need of a client, from its mapped row."""
+    return ClientIdentity(client.id, client.name, tuple(client.credential_types or ()))
+
+
 def authenticate(session: Session, token_digest: str | None) -> ClientIdentity:
     """The active client holding the live token with this keyed digest."""
     if token_digest is None:
