@@ -1,0 +1,28 @@
+"""Helpers for MCP servers built on the official ``mcp`` SDK (``pip install 'gateway[mcp]'``).
+
+:class:`GatewayElicitations` asks for API keys and payments from inside a
+tool, choosing per request between the 2025-11-25 form (error -32042 and
+``notifications/elicitation/complete``) and the 2026-07-28 form
+(``InputRequiredResult`` and ``requestState``). :class:`CompletionNotifier`
+turns the gateway's webhooks into completion notifications. :func:`subject_of`
+names the signed-in user as the gateway needs them.
+"""
+
+from gateway.client.mcp.elicit import (
+    ElicitationNotCompleted,
+    GatewayElicitations,
+    UrlElicitationUnsupported,
+    is_multi_round_trip,
+)
+from gateway.client.mcp.notify import CompletionNotifier
+from gateway.client.mcp.subject import NoSubject, subject_of
+
+__all__ = [
+    "CompletionNotifier",
+    "ElicitationNotCompleted",
+    "GatewayElicitations",
+    "NoSubject",
+    "UrlElicitationUnsupported",
+    "is_multi_round_trip",
+    "subject_of",
+]

@@ -1,0 +1,195 @@
+"""A served gateway for the client SDK and the ``mcp`` helpers, and a user who answers links.
+
+One real ``gateway serve`` (TLS with its self-signed development
+certificate, local login backend, payments switched on without ever
+reaching Stripe) is shared by the tests of this package; the database is
+emptied when they are done. Each test registers its own MCP server (client)
+and its own users, so tests do not see each other's elicitations.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+from flask import Flask
+
+from gateway import db
+from gateway.app import create_app
+from gateway.clients import service as clients
+from gateway.clock import SystemClock
+from gateway.credentials.catalog import current_catalog
+from gateway.identity import service as identity
+from gateway.serving.tls import dev_certificate_paths
+from gateway.settings import load_settings
+from gateway.vault.keyring import load_keyring
+from gateway.webhooks.http import OutboundPolicy
+from tests.conftest import TEST_KEYRING, TEST_PEPPER, TEST_SECRET, _empty_tables
+from tests.integration.conftest import free_port, tls_context
+
+PASSWORD = "correct horse battery staple"
+_CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+@dataclass
+class Registered:
+    """An MCP server registered with the gateway: its API token and webhook secret."""
+
+    client_id: str
+    api_token: str
+    webhook_secret: str
+
+
+@dataclass
+class ServedGateway:
+    origin: str
+    certfile: Path
+    app: Flask
+
+    def register(self, *, credential_types: list[str] | None = None) -> Registered:
+        """A new client, as ``gateway clients create`` makes it."""
+        settings = self.app.extensions["gateway.settings"]
+        with self.app.app_context(), db.transaction() as session:
+            minted = clients.create_client(
+                session, SystemClock(), keyring=load_keyring(settings),
+                pepper=settings.token_pepper, catalog=current_catalog(),
+                name=f"weather-mcp-{secrets.token_hex(3)}", webhook_url=None,
+                credential_types=credential_types or [], actor="test",
+                policy=OutboundPolicy.from_settings(settings))
+        return Registered(minted.client.id, minted.api_token, minted.webhook_secret)
+
+    def user(self, prefix: str = "alice") -> str:
+        """A new local account with the test password; its user name (its ``sub``)."""
+        username = f"{prefix}.{secrets.token_hex(3)}"
+        with self.app.app_context(), db.transaction() as session:
+            identity.create_user(session, SystemClock(), username=username, password=PASSWORD,
+                                 actor="test")
+        return username
+
+
+@pytest.fixture(scope="package")
+def served(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedGateway]:
+    workdir = tmp_path_factory.mktemp("client-gateway")
+    instance = workdir / "instance"
+    instance.mkdir(mode=0o700)
+    port = free_port()
+    origin = f"https://localhost:{port}"
+    settings_environ = {
+        "GATEWAY_INSTANCE_PATH": str(instance),
+        "GATEWAY_DATABASE_URL": database_url,
+        "GATEWAY_SECRET_KEY": TEST_SECRET,
+        "GATEWAY_TOKEN_PEPPER": TEST_PEPPER,
+        "GATEWAY_ENCRYPTION_KEYS": TEST_KEYRING,
+        "GATEWAY_PUBLIC_URL": origin,
+        "GATEWAY_LOGIN_BACKEND": "local",
+        # Payments on, so payment elicitations can be made; no test opens Checkout.
+        "GATEWAY_STRIPE_SECRET_KEY": "sk_test_" + "x" * 24,
+        "GATEWAY_STRIPE_WEBHOOK_SECRET": "whsec_" + "y" * 32,
+        "GATEWAY_RATELIMIT_LOGIN": "1000 per minute",
+    }
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    environ.update(settings_environ)
+    log = workdir / "serve.log"
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--workers", "1",
+             "--threads", "16"],
+            env=environ, cwd=workdir, stdout=handle, stderr=subprocess.STDOUT, text=True)
+    certfile, _ = dev_certificate_paths(instance)
+    app = create_app(load_settings(settings_environ))
+    try:
+        _wait_until_healthy(origin, certfile, process, log)
+        yield ServedGateway(origin, certfile, app)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        app.extensions["gateway.engine"].dispose()
+        engine = db.make_engine(database_url)
+        try:
+            _empty_tables(engine)
+        finally:
+            engine.dispose()
+
+
+def _wait_until_healthy(origin: str, certfile: Path, process: subprocess.Popen[str],
+                        log: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"gateway serve exited early:\n{log.read_text()}")
+        if certfile.exists():
+            try:
+                with urllib.request.urlopen(origin + "/healthz", timeout=2,
+                                            context=tls_context(certfile)) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                pass
+        time.sleep(0.1)
+    raise AssertionError(f"gateway serve did not start:\n{log.read_text()}")
+
+
+class User:
+    """A person with a browser: logs in to the gateway and answers the links they get."""
+
+    def __init__(self, served: ServedGateway, username: str) -> None:
+        self.served = served
+        self.username = username
+        self.http = requests.Session()
+        self.http.trust_env = False
+        self.http.verify = str(served.certfile)
+
+    def _form(self, path: str, fields: dict[str, str]) -> requests.Response:
+        page = self.http.get(self.served.origin + path, timeout=10)
+        found = _CSRF.search(page.text)
+        assert found, f"no form on {path}: {page.status_code}"
+        return self.http.post(self.served.origin + path, timeout=10,
+                              data={"csrf_token": found.group(1), **fields})
+
+    def log_in(self) -> None:
+        answer = self._form("/login", {"username": self.username, "password": PASSWORD,
+                                       "next": "/"})
+        assert answer.ok, answer.status_code
+        assert self.http.cookies.get("__Host-gateway_session"), "login set no session cookie"
+
+    def enter_key(self, url: str, secret: str) -> None:
+        """Open the link and submit ``secret``."""
+        if not self.http.cookies.get("__Host-gateway_session"):
+            self.log_in()
+        path = url.removeprefix(self.served.origin)
+        answer = self._form(path, {"action": "submit", "secret": secret})
+        assert answer.status_code == 200, answer.text[:500]
+
+    def decline(self, url: str) -> None:
+        if not self.http.cookies.get("__Host-gateway_session"):
+            self.log_in()
+        answer = self._form(url.removeprefix(self.served.origin), {"action": "decline"})
+        assert answer.status_code == 200, answer.text[:500]
+
+    def enter_key_later(self, url: str, secret: str, delay: float) -> threading.Thread:
+        """Enter the key ``delay`` seconds from now, in the background (a slow human)."""
+        self.log_in()
+        thread = threading.Thread(target=lambda: (time.sleep(delay), self.enter_key(url, secret)),
+                                  daemon=True)
+        thread.start()
+        return thread
+
+
+@pytest.fixture
+def user(served: ServedGateway) -> User:
+    return User(served, served.user())
