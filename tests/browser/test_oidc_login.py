@@ -31,7 +31,10 @@ def oidc_gateway(gateway: Gateway, oidc_provider: OidcProvider) -> Iterator[Gate
                "GATEWAY_LOGIN_BACKEND": "oidc", "GATEWAY_OIDC_ISSUER": oidc_provider.issuer,
                "GATEWAY_OIDC_CLIENT_ID": oidc_provider.client_id,
                "GATEWAY_OIDC_CLIENT_SECRET": oidc_provider.client_secret,
-               "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS": urlsplit(oidc_provider.issuer).netloc}
+               # Added to whatever the first gateway may already reach.
+               "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS": ",".join(filter(None, (
+                   gateway.environ.get("GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS"),
+                   urlsplit(oidc_provider.issuer).netloc)))}
     certfile, keyfile = dev_certificate_paths(gateway.workdir / "instance")
     log = gateway.workdir / f"serve-oidc-{port}.log"
     with log.open("w") as handle:
