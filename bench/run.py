@@ -215,46 +215,101 @@ def measure(scenario: Scenario, gateway: Gateway, targets: dict[str, Target], lo
     try:
         request = scenario.prepare(gateway)
         held = scenario.hold.prepare(gateway) if scenario.hold else None
-        result.path = request.path
+        # A request cycling over paths is shown by its pattern ("/e/{id}").
+        result.path = scenario.request.path if request.paths else request.path
         for target in targets.values():
             _check(target, request, scenario.expected_status)
         script = folder / f"{scenario.name}.lua"
         script.write_text(wrk.lua_script(request))
+        # With request.paths, each run starts where the last one against the
+        # same target stopped; the check above used the first path.
+        pool = _Pool(request, load.threads)
         if load.warmup:
             for target in targets.values():
                 _progress(f"{scenario.name}: warm-up on {target.name}")
-                wrk.run(wrk_path, target.url(request.path), script, duration=load.warmup,
-                        connections=load.connections, threads=load.threads)
+                pool.ran(target.name, wrk.run(
+                    wrk_path, target.url(request.path), script, duration=load.warmup,
+                    connections=load.connections, threads=load.threads,
+                    args=pool.args(target.name)))
         for number in range(load.rounds):
             # Alternate which target goes first, so neither always runs warmer.
             order = report.TARGETS if number % 2 == 0 else report.TARGETS[::-1]
             for name in order:
                 run, stats = _measured_run(scenario, targets[name], request, held, script,
-                                           load, wrk_path)
+                                           load, wrk_path, pool.args(name))
+                pool.ran(name, run)
                 result.targets[name].runs.append(run)
                 if stats:
                     result.targets[name].holds.append(stats)
                 _progress(f"{scenario.name}: round {number + 1}/{load.rounds}, {name}: "
                           f"{run.requests_per_second:,.0f} req/s, p99 {run.p99_ms:.2f} ms")
+        if scenario.consumed:
+            _progress(f"{scenario.name}: " + pool.verify(scenario.consumed(gateway)))
     except (SetupError, ScenarioFailed, wrk.WrkError) as error:
         result.error = str(error)
         _progress(f"{scenario.name}: FAILED: {error}")
     return result
 
 
+class _Pool:
+    """Where each target's next run starts in a request's ``paths``, and what they used.
+
+    The gateway must never come back to a path: for ``submit`` that would be a
+    second submit to a completed elicitation, which measures something else.
+    The bare app cycles over the same paths in the same way (its script wraps
+    around the list, which changes nothing there).
+    """
+
+    def __init__(self, request: Request, threads: int) -> None:
+        self._request = request
+        self._threads = threads
+        self._next = dict.fromkeys(report.TARGETS, 1 if request.paths else 0)
+        # Gateway requests answered (wrk's count, the check's one included) and sent.
+        self._answered = 1
+        self._sent = 1
+
+    def args(self, target: str) -> tuple[str, ...]:
+        return wrk.script_args(self._request, self._next[target], self._threads)
+
+    def ran(self, target: str, run: wrk.Report) -> None:
+        """Move on past the paths this run used; fail once the gateway's have run out."""
+        if not self._request.paths:
+            return
+        self._next[target] += wrk.paths_used(run, self._threads)
+        if target != "gateway":
+            return
+        self._answered += run.requests
+        self._sent += run.paths_sent or 0
+        size = len(self._request.paths)
+        if self._next[target] > size:
+            raise ScenarioFailed(
+                f"the {size:,} paths ran out: the gateway's runs needed {self._next[target]:,}, "
+                "so some requests went to a path used before; make the pool larger")
+
+    def verify(self, consumed: int) -> str:
+        """Every answer the gateway gave used up a path of its own: else the numbers lie."""
+        line = (f"{consumed:,} of the {len(self._request.paths):,} paths used up on the "
+                f"gateway; it answered {self._answered:,} requests, {self._sent:,} were sent")
+        if consumed < self._answered:
+            raise ScenarioFailed(line + ": fewer used up than answered, so some answers "
+                                 "did not do the scenario's work")
+        return line
+
+
 def _measured_run(scenario: Scenario, target: Target, request: Request, held: Request | None,
-                  script: Path, load: Load, wrk_path: str) -> tuple[wrk.Report, HoldStats | None]:
+                  script: Path, load: Load, wrk_path: str,
+                  args: tuple[str, ...] = ()) -> tuple[wrk.Report, HoldStats | None]:
     """One wrk run, with the scenario's held requests open around it when it has any."""
     url = target.url(request.path)
     if scenario.hold is None or held is None:
         return wrk.run(wrk_path, url, script, duration=load.duration,
-                       connections=load.connections, threads=load.threads), None
+                       connections=load.connections, threads=load.threads, args=args), None
     holding = HeldRequests(servers.HOST, target.port, held, scenario.hold.count, target.cafile,
                            scenario.hold.expected_status, settle_s=scenario.hold.settle_s,
                            drain_s=scenario.hold.drain_s)
     with holding:
         run = wrk.run(wrk_path, url, script, duration=load.duration,
-                      connections=load.connections, threads=load.threads)
+                      connections=load.connections, threads=load.threads, args=args)
     return run, holding.stats
 
 

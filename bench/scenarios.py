@@ -20,16 +20,19 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
+import re
 import secrets
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from flask import Response, jsonify, request
 from flask.typing import ResponseReturnValue
@@ -41,12 +44,18 @@ class SetupError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """One HTTP request, as wrk sends it on every connection."""
+    """One HTTP request, as wrk sends it on every connection.
+
+    With ``paths``, wrk sends each request to the next of these paths instead
+    of ``path`` (same method, headers and body), cycling over them; ``path``
+    is then the one checked before load, normally the first of them.
+    """
 
     method: str = "GET"
     path: str = "/"
     headers: Mapping[str, str] = field(default_factory=dict)
     body: bytes | None = None
+    paths: tuple[str, ...] = ()
 
     @classmethod
     def with_json(cls, method: str, path: str, payload: Any,
@@ -94,9 +103,11 @@ class Gateway:
         """The URL wrk is pointed at, without a path."""
         return f"https://{self.host}:{self.port}"
 
-    def cli(self, *args: str) -> str:
+    def cli(self, *args: str, stdin: str | None = None,
+            extra_environ: Mapping[str, str] | None = None) -> str:
         """Run ``gateway ARGS`` against this instance and return what it printed."""
-        result = subprocess.run([*self.command, *args], env=dict(self.environ),
+        result = subprocess.run([*self.command, *args],
+                                env={**self.environ, **(extra_environ or {})}, input=stdin,
                                 capture_output=True, text=True, check=False)
         if result.returncode != 0:
             last = (result.stderr.strip().splitlines() or ["no output"])[-1]
@@ -171,6 +182,10 @@ class Scenario:
     hold: Hold | None = None
     # False for demonstrations and slow scenarios: they run only when named.
     in_default_run: bool = True
+    # For a request with ``paths`` that each take effect once (a submit): after
+    # the last run, how many of them the gateway has used up, counted on the
+    # gateway. The runner checks it against the answers wrk counted.
+    consumed: Callable[[Gateway], int] | None = None
 
     @property
     def rule(self) -> str:
@@ -263,9 +278,18 @@ def _create_body(message: str = MESSAGE, **extra: Any) -> dict[str, Any]:
             **extra}
 
 
-def _api_token(gateway: Gateway, name: str) -> str:
-    """A new API client's bearer token (``gateway clients create NAME --json``)."""
-    output = gateway.cli("clients", "create", name, "--json")
+def _api_token(gateway: Gateway, name: str, webhook_url: str | None = None) -> str:
+    """A new API client's bearer token (``gateway clients create NAME --json``).
+
+    With ``webhook_url``, the client has one, so that completing one of its
+    elicitations puts an event in the outbox. The URL is on loopback, which
+    the outbound guard refuses unless told otherwise: allowed for this command
+    only. The bench runs no ``gateway worker``, so nothing is ever sent there.
+    """
+    webhook = ("--webhook-url", webhook_url) if webhook_url else ()
+    allow = {"GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS": urlsplit(webhook_url).netloc} \
+        if webhook_url else None
+    output = gateway.cli("clients", "create", name, *webhook, "--json", extra_environ=allow)
     try:
         token = json.loads(output)["api_token"]
     except (ValueError, KeyError, TypeError):
@@ -382,4 +406,301 @@ register(Scenario(
     setup=_read_setup,
     bare_rule=_ELICITATION_RULE,
     hold=_held_long_polls("bench-read-held"),
+))
+
+
+# --- the portal page and keys --------------------------------------------------
+#
+# A user of the gateway's own accounts, logged in through the real pages, as a
+# browser would: the session cookie and a CSRF token from a page of that
+# session. The token is bound to the session, not to a page or an
+# elicitation, so one token serves every form the session sends.
+
+CREDENTIALS = "/api/v1/credentials"
+SESSION_COOKIE = "__Host-gateway_session"
+# The key every submit stores: a generic key, so nothing is checked with an
+# outside service (the catalog's "generic" type has no live check).
+SECRET = "bench-" + "k" * 40
+# Pending elicitations made for `submit`, one per measured request: enough for
+# the default load (the check, 2 s warm-up and 2 rounds of 10 s on the
+# gateway) at up to 180 submits/s twice over, more than twice the rate seen
+# on 2 cores. A run that needs more fails the scenario rather than measure
+# submits to completed elicitations: raise it for longer runs.
+SUBMIT_POOL = 8_000
+# The submit client's webhook: an event per completion goes to the outbox, as
+# for any client with a webhook; nothing delivers it during the bench.
+WEBHOOK_URL = "http://127.0.0.1:9/bench-webhook"
+# Connections creating the pool in parallel, each keeping its connection alive.
+POOL_CONNECTIONS = 8
+_CSRF_FIELD = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+def _https(gateway: Gateway) -> http.client.HTTPSConnection:
+    """A connection to the gateway, verified against its certificate, kept alive."""
+    context = ssl.create_default_context(cafile=str(gateway.cafile))
+    return http.client.HTTPSConnection(gateway.host, gateway.port, timeout=30, context=context)
+
+
+def _exchange(connection: http.client.HTTPSConnection, request: Request,
+              ) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """One request on a kept-alive connection: status, headers and body."""
+    connection.request(request.method, request.path, body=request.body,
+                       headers=dict(request.headers))
+    response = connection.getresponse()
+    return response.status, response.headers, response.read()
+
+
+class _Browser:
+    """The browser's side of the portal: one connection and the session cookie."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._connection = _https(gateway)
+        self.cookie: str | None = None
+
+    def close(self) -> None:
+        self._connection.close()
+
+    def request(self, method: str, path: str,
+                form: Mapping[str, str] | None = None) -> tuple[int, str]:
+        """Send as a browser would, keep the cookie it sets; the status and page."""
+        headers = {"Cookie": f"{SESSION_COOKIE}={self.cookie}"} if self.cookie else {}
+        body = None
+        if form is not None:
+            body = urlencode(form).encode()
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+        status, response_headers, page = _exchange(
+            self._connection, Request(method, path, headers=headers, body=body))
+        for cookie in response_headers.get_all("Set-Cookie") or []:
+            name, _, rest = cookie.partition("=")
+            if name.strip() == SESSION_COOKIE:
+                self.cookie = rest.partition(";")[0] or None
+        return status, page.decode(errors="replace")
+
+    def csrf_token(self, path: str) -> str:
+        """The CSRF token of the form on the page at ``path``."""
+        status, page = self.request("GET", path)
+        found = _CSRF_FIELD.search(page)
+        if status != 200 or not found:
+            raise SetupError(f"GET {path} answered {status} without a CSRF token")
+        return found.group(1)
+
+    def log_in(self, username: str, password: str, next_path: str) -> None:
+        """The login form filled in and sent; the session is then the user's."""
+        token = self.csrf_token(f"/login?next={quote(next_path)}")
+        status, page = self.request("POST", "/login", {
+            "csrf_token": token, "username": username, "password": password,
+            "next": next_path})
+        if status != 303 or not self.cookie:
+            raise SetupError(f"logging in as {username} answered {status}: {page[:120]!r}")
+
+
+def _local_user(gateway: Gateway, username: str) -> tuple[str, dict[str, str]]:
+    """A new local account: its password and its subject (this gateway's URL, the name)."""
+    password = secrets.token_urlsafe(18)
+    output = gateway.cli("users", "create", username, "--password-stdin", "--json",
+                         stdin=password + "\n")
+    try:
+        subject = json.loads(output)["subject"]
+    except (ValueError, KeyError, TypeError):
+        raise SetupError(f"`gateway users create {username} --json` printed no subject") \
+            from None
+    return password, {"iss": str(subject["iss"]), "sub": str(subject["sub"])}
+
+
+def _create_pending(connection: http.client.HTTPSConnection, token: str,
+                    subject: Mapping[str, str], count: int) -> list[str]:
+    """``count`` new pending elicitations for ``subject``, through the API; their ids."""
+    create = Request.with_json(
+        "POST", ELICITATIONS,
+        {**_create_body(ttl_seconds=LONG_TTL_S), "subject": dict(subject)},
+        headers={"Authorization": f"Bearer {token}"})
+    ids = []
+    for _ in range(count):
+        status, _headers, body = _exchange(connection, create)
+        if status != 201:
+            raise SetupError(f"creating an elicitation answered {status}: {body[:120]!r}")
+        ids.append(json.loads(body)["id"])
+    return ids
+
+
+def _pending_pool(gateway: Gateway, token: str, subject: Mapping[str, str],
+                  count: int) -> list[str]:
+    """``count`` pending elicitations, made over several connections at once."""
+    shares = [count // POOL_CONNECTIONS + (1 if n < count % POOL_CONNECTIONS else 0)
+              for n in range(POOL_CONNECTIONS)]
+
+    def make(share: int) -> list[str]:
+        connection = _https(gateway)
+        try:
+            return _create_pending(connection, token, subject, share)
+        finally:
+            connection.close()
+
+    try:
+        with ThreadPoolExecutor(max_workers=POOL_CONNECTIONS) as pool:
+            return [i for ids in pool.map(make, shares) for i in ids]
+    except (OSError, http.client.HTTPException) as error:
+        raise SetupError(f"creating the pool of elicitations failed: {error}") from None
+
+
+def _submit_form(token: str) -> bytes:
+    return urlencode({"csrf_token": token, "action": "submit", "secret": SECRET}).encode()
+
+
+def _submit_once(browser: _Browser, elicitation_id: str) -> None:
+    """The page opened and the key submitted, as the user does it."""
+    path = f"/e/{elicitation_id}"
+    token = browser.csrf_token(path)
+    status, page = browser.request("POST", path, {
+        "csrf_token": token, "action": "submit", "secret": SECRET})
+    if status != 200 or "complete" not in page:
+        raise SetupError(f"submitting a key on {path} answered {status}: {page[:120]!r}")
+
+
+def _reveal_setup(gateway: Gateway, request: Request) -> Request:
+    token = _api_token(gateway, "bench-reveal")
+    password, subject = _local_user(gateway, "bench-reveal")
+    connection = _https(gateway)
+    browser = _Browser(gateway)
+    try:
+        [elicitation_id] = _create_pending(connection, token, subject, 1)
+        browser.log_in(subject["sub"], password, f"/e/{elicitation_id}")
+        _submit_once(browser, elicitation_id)
+        status, _headers, body = _exchange(connection, Request(
+            "GET", CREDENTIALS, headers={"Authorization": f"Bearer {token}"}))
+    except (OSError, http.client.HTTPException) as error:
+        raise SetupError(f"storing a key to reveal failed: {error}") from None
+    finally:
+        browser.close()
+        connection.close()
+    items = json.loads(body).get("items") if status == 200 else None
+    if not items:
+        raise SetupError(f"GET {CREDENTIALS} answered {status} without the stored key")
+    return dataclasses.replace(request, path=f"{CREDENTIALS}/{items[0]['id']}/reveal") \
+        .with_header("Authorization", f"Bearer {token}")
+
+
+def _reveal_bare(credential_id: str) -> Response:
+    """The revealed key's JSON, as the gateway answers it."""
+    return jsonify(id=credential_id, type="generic", secret=SECRET)
+
+
+register(Scenario(
+    name="reveal",
+    description="POST /api/v1/credentials/{id}/reveal: token check, one read, decrypting "
+                "the key, one audit row",
+    request=Request("POST", f"{CREDENTIALS}/{{id}}/reveal"),
+    bare_view=_reveal_bare,
+    setup=_reveal_setup,
+    bare_rule=f"{CREDENTIALS}/<credential_id>/reveal",
+))
+
+
+@dataclass(slots=True)
+class _SubmitPool:
+    """The `submit` scenario's setup, and the count of what its requests used up."""
+
+    size: int = SUBMIT_POOL
+    token: str | None = None
+    pool: frozenset[str] = frozenset()
+
+    def setup(self, gateway: Gateway, request: Request) -> Request:
+        self.token = _api_token(gateway, "bench-submit", webhook_url=WEBHOOK_URL)
+        password, subject = _local_user(gateway, "bench-submit")
+        browser = _Browser(gateway)
+        try:
+            browser.log_in(subject["sub"], password, "/logout")
+            # The logout page: a form of this session, which changes nothing until sent.
+            csrf_token = browser.csrf_token("/logout")
+        except (OSError, http.client.HTTPException) as error:
+            raise SetupError(f"logging in failed: {error}") from None
+        finally:
+            browser.close()
+        started = time.monotonic()
+        ids = _pending_pool(gateway, self.token, subject, self.size)
+        print(f"bench: submit: {len(ids):,} pending elicitations made in "
+              f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+        self.pool = frozenset(ids)
+        paths = tuple(f"/e/{i}" for i in ids)
+        return dataclasses.replace(
+            request, path=paths[0], paths=paths, body=_submit_form(csrf_token),
+            headers={**request.headers, "Cookie": f"{SESSION_COOKIE}={browser.cookie}"})
+
+    def consumed(self, gateway: Gateway) -> int:
+        """How many of the pool's elicitations are completed now (through the API)."""
+        if self.token is None:
+            raise SetupError("the pool was never made")
+        connection = _https(gateway)
+        completed = 0
+        cursor: str | None = None
+        try:
+            while True:
+                query = urlencode({"status": "completed", "limit": 100,
+                                   **({"cursor": cursor} if cursor else {})})
+                status, _headers, body = _exchange(connection, Request(
+                    "GET", f"{ELICITATIONS}?{query}",
+                    headers={"Authorization": f"Bearer {self.token}"}))
+                if status != 200:
+                    raise SetupError(f"listing completed elicitations answered {status}")
+                page = json.loads(body)
+                completed += sum(1 for item in page["items"] if item["id"] in self.pool)
+                cursor = page.get("next_cursor")
+                if not cursor:
+                    return completed
+        except (OSError, http.client.HTTPException) as error:
+            raise SetupError(f"counting completed elicitations failed: {error}") from None
+        finally:
+            connection.close()
+
+
+# The gateway's "Done" page, as it answers a submit (its layout, heading,
+# notice and the app's name), near enough in size.
+_DONE_PAGE = """<!doctype html>
+<html lang="en">
+<head>
+  <meta charset="utf-8">
+  <meta name="viewport" content="width=device-width, initial-scale=1">
+  <meta name="referrer" content="no-referrer">
+  <title>Done · localhost</title>
+  <link rel="stylesheet" href="/static/gateway.css?v=0123456789ab">
+</head>
+<body>
+  <header class="site">
+    <span class="lock" aria-hidden="true">&#x1F512;</span>
+    <span class="host">localhost</span>
+  </header>
+  <main id="main">
+<h1>Done</h1>
+<div class="notice ok"><p>This request is complete. Nothing more is needed here.</p></div>
+<p>You can go back to bench-submit now.</p>
+  </main>
+  <footer class="site">
+    <p>Never enter a key or card here unless you came from an app you trust,
+      and the address bar shows this host.</p>
+  </footer>
+</body>
+</html>
+"""
+
+
+def _submit_bare(elicitation_id: str) -> ResponseReturnValue:
+    """The form parsed as the gateway parses it, and a page like its done page."""
+    if request.form.get("action") != "submit" or not request.form.get("secret"):
+        return "missing form fields", 400
+    return _DONE_PAGE
+
+
+_submit_pool = _SubmitPool()
+
+register(Scenario(
+    name="submit",
+    description="POST /e/{id} from a logged-in browser session: session and CSRF check, "
+                "the key's shape, encrypting and storing it, completing the elicitation "
+                "with its audit and outbox rows; each request to another pending one",
+    request=Request("POST", "/e/{id}",
+                    headers={"Content-Type": "application/x-www-form-urlencoded"}),
+    bare_view=_submit_bare,
+    setup=_submit_pool.setup,
+    bare_rule="/e/<elicitation_id>",
+    consumed=_submit_pool.consumed,
 ))

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -28,6 +29,9 @@ _PERCENTILE = re.compile(r"^\s+(\d+(?:\.\d+)?)%\s+" + _TIME + r"\s*$", re.MULTIL
 _TOTAL = re.compile(r"^\s+(\d+) requests in " + _TIME + r", ([\d.]+)([KMGTP]?)B read", re.MULTILINE)
 _SOCKET = re.compile(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)")
 _STATUS = re.compile(r"Non-2xx or 3xx responses: (\d+)")
+# Printed by the cycling script's done(): requests made over all threads, and
+# the most made by one thread.
+_PATHS = re.compile(r"^bench paths: sent (\d+), most per thread (\d+)$", re.MULTILINE)
 
 
 class WrkError(Exception):
@@ -49,6 +53,10 @@ class Report:
     # wrk counts status >= 400 here, despite its label "Non-2xx or 3xx".
     error_responses: int
     raw: str
+    # With a cycling script (Request.paths): requests made over all threads,
+    # those cut in flight at the end included, and the most made by one thread.
+    paths_sent: int | None = None
+    paths_most_per_thread: int | None = None
 
     @property
     def p50_ms(self) -> float:
@@ -79,6 +87,7 @@ class Report:
             "socket_errors": self.socket_errors,
             "error_responses": self.error_responses,
             "problems": self.problems,
+            **({"paths_sent": self.paths_sent} if self.paths_sent is not None else {}),
             "raw": self.raw,
         }
 
@@ -125,12 +134,16 @@ def lua_string(value: str | bytes) -> str:
 def lua_script(request: Request) -> str:
     """A wrk script that sends this request's method, headers and body.
 
-    It sets only wrk's static request (no ``request()`` function), so wrk
-    builds the request once and runs no Lua per request: the script costs the
-    client nothing while measuring.
+    Without ``request.paths`` it sets only wrk's static request (no
+    ``request()`` function), so wrk builds the request once and runs no Lua
+    per request: the script costs the client nothing while measuring.
+
+    With ``request.paths`` it adds wrk's dynamic request: a ``request()``
+    function that sends each request to the next path (see ``_CYCLE``).
     """
     lines = [
-        "-- Written by bench/wrk.py; the path comes from the URL on wrk's command line.",
+        "-- Written by bench/wrk.py; the path comes from the URL on wrk's command line"
+        + (", or from the paths below." if request.paths else "."),
         f"wrk.method = {lua_string(request.method)}",
     ]
     lines += [f"wrk.headers[{lua_string(name)}] = {lua_string(value)}"
@@ -138,14 +151,75 @@ def lua_script(request: Request) -> str:
     if request.body is not None:
         # wrk.format adds Content-Length for a body.
         lines.append(f"wrk.body = {lua_string(request.body)}")
+    if request.paths:
+        lines.append("local paths = {")
+        lines += [f"  {lua_string(path)}," for path in request.paths]
+        lines.append("}")
+        lines.append(_CYCLE)
     return "\n".join(lines) + "\n"
 
 
+# The dynamic request: each of wrk's threads runs its own copy of the script,
+# so the threads take the paths in turn (thread k of T: first + k, first + k + T,
+# ...) and no two requests of one run go to the same path before the list wraps.
+# `first` and T come as script arguments (script_args): the runner starts each
+# run where the previous one against that target stopped. done() prints how
+# many requests were made (those cut in flight included), for the runner.
+# Per request this costs a Lua call, an addition, a modulo, a table lookup and
+# one string concatenation: the request is built from a prefix and suffix
+# made once per thread.
+_CYCLE = """\
+local threads = {}
+function setup(thread)
+  thread:set("thread_number", #threads)
+  table.insert(threads, thread)
+end
+function init(args)
+  local first = tonumber(args[1]) or 0
+  local step = tonumber(args[2]) or 1
+  position = first + thread_number
+  stride = step
+  sent = 0
+  head = wrk.method .. " "
+  tail = string.sub(wrk.format(nil, "/"), #head + 2)
+end
+function request()
+  local path = paths[position % #paths + 1]
+  position = position + stride
+  sent = sent + 1
+  return head .. path .. tail
+end
+function done(summary, latency, requests)
+  local total, most = 0, 0
+  for _, thread in ipairs(threads) do
+    local count = thread:get("sent")
+    total = total + count
+    if count > most then most = count end
+  end
+  io.write(string.format("bench paths: sent %d, most per thread %d\\n", total, most))
+end"""
+
+
+def script_args(request: Request, first: int, threads: int) -> tuple[str, ...]:
+    """The arguments a cycling script takes: where to start in the paths, and wrk's threads."""
+    return (str(first), str(threads)) if request.paths else ()
+
+
+def paths_used(report: Report, threads: int) -> int:
+    """How far a cycling run moved along the paths: the next run starts that much later.
+
+    Thread k made requests to first + k + T*j for j below its count, so
+    T times the largest count covers every path any thread used.
+    """
+    return threads * (report.paths_most_per_thread or 0)
+
+
 def run(wrk: str, url: str, script: Path, *, duration: int, connections: int,
-        threads: int) -> Report:
-    """One wrk run against ``url``, with its latency distribution."""
+        threads: int, args: Sequence[str] = ()) -> Report:
+    """One wrk run against ``url``, with its latency distribution; ``args`` go to the script."""
     command = [wrk, f"--threads={threads}", f"--connections={connections}",
-               f"--duration={duration}s", f"--script={script}", "--latency", url]
+               f"--duration={duration}s", f"--script={script}", "--latency", url,
+               *(["--", *args] if args else [])]
     try:
         # The timeout only catches a hung wrk; it is far above any run's length.
         result = subprocess.run(command, capture_output=True, text=True, check=False,
@@ -169,6 +243,7 @@ def parse(text: str) -> Report:
     socket = _SOCKET.search(text)
     kinds = ("connect", "read", "write", "timeout")
     status = _STATUS.search(text)
+    paths = _PATHS.search(text)
     requests, duration, unit, size, size_unit = total.groups()
     return Report(
         requests_per_second=float(rate.group(1)),
@@ -180,6 +255,8 @@ def parse(text: str) -> Report:
                        for i, kind in enumerate(kinds, start=1)},
         error_responses=int(status.group(1)) if status else 0,
         raw=text,
+        paths_sent=int(paths.group(1)) if paths else None,
+        paths_most_per_thread=int(paths.group(2)) if paths else None,
     )
 
 
