@@ -12,7 +12,7 @@ from gateway.clients import service
 from gateway.clients.models import ApiToken, Client
 from gateway.clock import SystemClock
 from gateway.credentials.catalog import CatalogError, catalog_path, load_catalog
-from gateway.elicitations.service import timestamp
+from gateway.pagination import timestamp
 from gateway.vault.keyring import KeyringError, load_keyring
 from gateway.webhooks.http import OutboundPolicy
 

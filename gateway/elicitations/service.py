@@ -6,8 +6,6 @@ every state change happens through :mod:`gateway.elicitations.lifecycle`.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import re
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from gateway.elicitations.schemas import (
     CreatePaymentElicitation,
 )
 from gateway.errors import Conflict, GatewayError, InvalidInput, NotFound
+from gateway.pagination import decode_cursor, encode_cursor, timestamp
 from gateway.tokens import new_id
 
 MAX_PAGE: Final = 100
@@ -271,7 +270,7 @@ def list_page(session: Session, clock: Clock, client_id: str | None, filters: Fi
     rows = list(session.scalars(query.limit(limit + 1)))
     page = rows[:limit]
     more = len(rows) > limit
-    return page, encode_cursor(page[-1]) if more and page else None
+    return page, encode_cursor(page[-1].created_at, page[-1].id) if more and page else None
 
 
 def cancel(session: Session, clock: Clock, elicitation: Elicitation, *, actor: str,
@@ -289,24 +288,6 @@ def find(session: Session, clock: Clock, elicitation_id: str) -> Elicitation:
         raise NotFound(f"no elicitation {elicitation_id!r}")
     expire_if_overdue(session, clock, elicitation)
     return elicitation
-
-
-def encode_cursor(elicitation: Elicitation) -> str:
-    raw = f"{elicitation.created_at.isoformat()}|{elicitation.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The position a cursor points after; a cursor we did not make is refused."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        created_at, last_id = raw.split("|", 1)
-        moment = datetime.fromisoformat(created_at)
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise InvalidInput("cursor is not one this API returned", field="cursor") from None
-    if moment.tzinfo is None:
-        raise InvalidInput("cursor is not one this API returned", field="cursor")
-    return moment, last_id
 
 
 # --- representation -----------------------------------------------------------------
@@ -340,10 +321,3 @@ def represent(elicitation: Elicitation, public_url: str, now: datetime) -> dict[
         "mcp": {"mode": "url", "message": elicitation.message, "url": url,
                 "elicitationId": elicitation.id},
     }
-
-
-def timestamp(moment: datetime | None) -> str | None:
-    """RFC 3339 in UTC with a Z, to the millisecond."""
-    if moment is None:
-        return None
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -27,6 +27,8 @@ from gateway.elicitations.models import Elicitation
 from gateway.errors import GatewayError, NotFound
 from gateway.identity.sessions import Subject
 from gateway.identity.web import actor_of, current_subject, login_redirect
+from gateway.pagination import timestamp
+from gateway.payments import pages as payments
 from gateway.vault.keyring import current_keyring
 from gateway.webhooks.http import OutboundPolicy
 
@@ -161,7 +163,7 @@ def _render(session: Session, elicitation: Elicitation, subject: Subject,
     client = session.get(Client, elicitation.client_id)
     context: dict[str, Any] = {
         "elicitation": elicitation, "client": client, "subject": subject, "error": error,
-        "expires_iso": service.timestamp(elicitation.expires_at),
+        "expires_iso": timestamp(elicitation.expires_at),
         "expires_text": _expiry_text(elicitation.expires_at, _clock().now()),
     }
     if elicitation.kind == "api_key":
@@ -169,7 +171,7 @@ def _render(session: Session, elicitation: Elicitation, subject: Subject,
         label = credential_type.label if credential_type else "an API key"
         return render_template("elicitation_api_key.html", asked=f"your {label}",
                                credential_type=credential_type, **context)
-    return render_template("elicitation.html", asked="a payment", **context)
+    return payments.checkout_page(session, context)
 
 
 def _ended(session: Session, elicitation: Elicitation) -> str:

@@ -8,8 +8,8 @@ import click
 
 from gateway import cli
 from gateway.clock import SystemClock
-from gateway.elicitations.service import timestamp
 from gateway.identity import service
+from gateway.pagination import timestamp
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 stdin_option = click.option("--password-stdin", is_flag=True,

@@ -28,7 +28,7 @@ from gateway.credentials.catalog import catalog_path, load_catalog
 from gateway.elicitations.models import Elicitation, IdempotencyRecord
 from gateway.elicitations.openapi import CURSOR_FORMAT
 from gateway.elicitations.schemas import ELICITATION_ID
-from gateway.elicitations.service import encode_cursor
+from gateway.pagination import encode_cursor
 from gateway.settings import Settings
 from gateway.web.api import PREFIX
 from tests.conftest import Registered
@@ -102,7 +102,7 @@ def cursor_format() -> Iterator[None]:
     positions.
     """
     cursors = st.builds(
-        lambda created_at, last_id: encode_cursor(Elicitation(id=last_id, created_at=created_at)),
+        encode_cursor,
         st.datetimes(timezones=st.just(UTC)),
         st.from_regex(ELICITATION_ID, fullmatch=True))
     schemathesis.openapi.format(CURSOR_FORMAT, cursors)
