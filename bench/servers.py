@@ -150,8 +150,11 @@ def init_instance(environ: dict[str, str], folder: Path) -> None:
 @contextmanager
 def run_gateway(environ: dict[str, str], folder: Path, options: Options) -> Iterator[Gateway]:
     """``gateway serve`` with these options, answering /healthz over TLS; stopped afterwards."""
+    # No worker beside it: the bare app has none, and webhook sending is
+    # measured on its own by bench/webhooks.py.
     command = (*GATEWAY_COMMAND, "serve", "--host", options.host, "--port", str(options.port),
-               "--workers", str(options.workers), "--threads", str(options.threads))
+               "--workers", str(options.workers), "--threads", str(options.threads),
+               "--no-worker")
     certfile, _ = dev_certificate_paths(Path(environ["GATEWAY_INSTANCE_PATH"]))
     with _started("gateway", command, environ, folder, options.port) as server:
         # serve writes the certificate before it binds, so it exists once the port answers.

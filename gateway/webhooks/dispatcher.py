@@ -15,19 +15,23 @@ not on the next tick of a slow poll.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import logging
+import queue
 import random
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
-import requests
-from sqlalchemy import Engine, and_, func, or_, select, update
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy import Engine, Row, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+from urllib3.exceptions import HTTPError, NewConnectionError
+from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
 
 from gateway import changes
 from gateway.clients.models import Client
@@ -35,7 +39,7 @@ from gateway.clients.service import current_webhook_secrets
 from gateway.clock import Clock
 from gateway.vault.keyring import Keyring
 from gateway.webhooks import signing
-from gateway.webhooks.http import BlockedDestination, OutboundPolicy, guarded_session
+from gateway.webhooks.http import BlockedDestination, GuardedPool, OutboundPolicy, finish
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent
 
 log = logging.getLogger(__name__)
@@ -77,64 +81,123 @@ def delay_before(attempt: int, rng: random.Random) -> timedelta:
     return base * (1 + rng.uniform(-JITTER, JITTER))
 
 
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """A claimed event with what sending it needs, read in the claim's transaction."""
+
+    claim: Claim
+    body: str
+    url: str | None
+    secrets: list[str]
+
+
+Outcome = tuple[Claim, datetime, Result]
+
+
 class Dispatcher:
-    """Claims and sends due events with a pool of threads."""
+    """Claims due events in batches, sends them with a pool of threads, records in batches.
+
+    ``run`` keeps up to twice ``concurrency`` events claimed: one per sending
+    thread and as many waiting for the next free thread, so it claims in
+    batches rather than one event per transaction. A waiting event starts
+    within one send timeout, well inside its lease. Outcomes go to one
+    recording thread, which writes whatever has accumulated in one
+    transaction: under load, many outcomes per commit; when idle, each at once.
+    """
 
     def __init__(self, engine: Engine, clock: Clock, keyring: Keyring, policy: OutboundPolicy,
-                 *, concurrency: int = 8, rng: random.Random | None = None) -> None:
+                 *, concurrency: int = 8, rng: random.Random | None = None,
+                 send_timeout: float = SEND_TIMEOUT_SECONDS) -> None:
+        # send_timeout is a parameter so that tests can time a send out in half
+        # a second instead of fifteen; production keeps the default.
+        if not 0 < send_timeout < LEASE.total_seconds() / 3:
+            raise ValueError("a send must time out well within the lease")
         self._engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._clock = clock
         self._keyring = keyring
         self._policy = policy
         self._concurrency = concurrency
+        self._send_timeout = send_timeout
         self._rng = rng or random.Random()  # noqa: S311  (jitter, not secrecy)
-        self._busy = threading.Semaphore(concurrency)
-        self._http = threading.local()
+        self._in_flight = 0  # claimed by run() and not yet sent
+        self._slots = threading.Condition()
+        # One pool of kept-alive connections for every sending thread.
+        self._http = GuardedPool(policy, connections_per_host=concurrency)
 
     # --- the loop ----------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Deliver until ``stop`` is set."""
-        listener = changes.open_listener(self._engine)
-        with ThreadPoolExecutor(self._concurrency, thread_name_prefix="webhook") as pool:
-            try:
+        """Deliver until ``stop`` is set; then finish the sends under way and record them."""
+        listener: changes.Listener | None = None
+        recorder = _Recorder(self._write_outcomes)
+        try:
+            with ThreadPoolExecutor(self._concurrency, thread_name_prefix="webhook") as pool:
                 while not stop.is_set():
-                    claimed = self._claim_free()
-                    for claim in claimed:
-                        pool.submit(self._deliver_and_release, claim)
-                    if not claimed:
-                        listener.wait(self._idle_wait())
-            finally:
+                    try:
+                        if listener is None:
+                            listener = changes.open_listener(self._engine)
+                        self._step(pool, recorder, listener, stop)
+                    except Exception as error:
+                        # The database went away (restart, failover): keep trying,
+                        # on a new listening connection, rather than stop sending.
+                        log.warning("dispatching webhooks failed (%s); trying again",
+                                    type(error).__name__)
+                        if listener is not None:
+                            with contextlib.suppress(Exception):
+                                listener.close()
+                            listener = None
+                        stop.wait(IDLE_WAIT_SECONDS)
+        finally:
+            if listener is not None:
                 listener.close()
+            recorder.close()
+            self._http.clear()
+
+    def _step(self, pool: ThreadPoolExecutor, recorder: _Recorder, listener: changes.Listener,
+              stop: threading.Event) -> None:
+        """Claim what there is room for and hand it to the pool; with nothing due, sleep."""
+        room = self._room(stop)
+        if not room:
+            return
+        jobs = self._claim_jobs(room)
+        with self._slots:
+            self._in_flight += len(jobs)
+        for job in jobs:
+            pool.submit(self._send_and_report, job, recorder)
+        if not jobs:
+            listener.wait(self._idle_wait())
 
     def run_once(self) -> int:
         """Claim and deliver what is due now, waiting for those sends; how many."""
-        claimed = self.claim(self._concurrency)
-        with ThreadPoolExecutor(max(1, len(claimed))) as pool:
-            list(pool.map(self.deliver, claimed))
-        return len(claimed)
+        jobs = self._claim_jobs(self._concurrency)
+        with ThreadPoolExecutor(max(1, len(jobs))) as pool:
+            list(pool.map(self._send_and_record, jobs))
+        return len(jobs)
 
-    def _claim_free(self) -> list[Claim]:
-        free = 0
-        while self._busy.acquire(blocking=False):
-            free += 1
-        if not free:
-            time.sleep(0.01)  # every thread is sending; let one finish
-            return []
-        claimed = self.claim(free)
-        for _ in range(free - len(claimed)):
-            self._busy.release()
-        return claimed
+    def _room(self, stop: threading.Event) -> int:
+        """How many more events to claim: none until at least half the window is free."""
+        with self._slots:
+            while self._in_flight > self._concurrency and not stop.is_set():
+                self._slots.wait(0.5)
+            return 0 if stop.is_set() else 2 * self._concurrency - self._in_flight
 
-    def _deliver_and_release(self, claim: Claim) -> None:
+    def _send_and_report(self, job: _Job, recorder: _Recorder) -> None:
         try:
-            self.deliver(claim)
+            started, result = self._attempt(job)
+            recorder.put((job.claim, started, result))
         except Exception:
             log.exception("delivering %s failed unexpectedly; its lease will run out",
-                          claim.event_id)
+                          job.claim.event_id)
         finally:
-            self._busy.release()
+            with self._slots:
+                self._in_flight -= 1
+                self._slots.notify()
+
+    def _send_and_record(self, job: _Job) -> Result:
+        started, result = self._attempt(job)
+        self._write_outcomes([(job.claim, started, result)])
+        return result
 
     def _idle_wait(self) -> float:
         with self._sessions() as session:
@@ -149,21 +212,44 @@ class Dispatcher:
 
     def claim(self, limit: int) -> list[Claim]:
         """Take up to ``limit`` due events under a lease, in one statement."""
+        with self._sessions.begin() as session:
+            return [Claim(row.id, row.attempts) for row in self._claim_rows(session, limit)]
+
+    def _claim_rows(self, session: Session, limit: int) -> Sequence[Row[str, int, str, str]]:
         now = self._clock.now()
         due = select(WebhookEvent.id).where(or_(
             and_(WebhookEvent.status == "pending", WebhookEvent.next_attempt_at <= now),
             and_(WebhookEvent.status == "delivering", WebhookEvent.lease_until <= now),
         )).order_by(WebhookEvent.next_attempt_at).limit(limit)
+        # A read first: a wake-up with nothing due (the signal also fires for
+        # other changes) then costs no write, and on SQLite takes no write lock
+        # from the requests that are writing.
+        if session.scalar(due.limit(1)) is None:
+            return []
         if self._engine.dialect.name == "postgresql":
             due = due.with_for_update(skip_locked=True)
+        return session.execute(
+            update(WebhookEvent).where(WebhookEvent.id.in_(due.scalar_subquery()))
+            .values(status="delivering", lease_until=now + LEASE,
+                    attempts=WebhookEvent.attempts + 1)
+            .returning(WebhookEvent.id, WebhookEvent.attempts, WebhookEvent.client_id,
+                       WebhookEvent.body)
+            .execution_options(synchronize_session=False)).all()
+
+    def _claim_jobs(self, limit: int) -> list[_Job]:
+        """Claim, and read each client's URL and secrets once for the whole batch."""
         with self._sessions.begin() as session:
-            rows = session.execute(
-                update(WebhookEvent).where(WebhookEvent.id.in_(due.scalar_subquery()))
-                .values(status="delivering", lease_until=now + LEASE,
-                        attempts=WebhookEvent.attempts + 1)
-                .returning(WebhookEvent.id, WebhookEvent.attempts)
-                .execution_options(synchronize_session=False)).all()
-        return [Claim(event_id, attempt) for event_id, attempt in rows]
+            rows = self._claim_rows(session, limit)
+            if not rows:
+                return []
+            clients = {client.id: client for client in session.scalars(
+                select(Client).where(Client.id.in_({row.client_id for row in rows})))}
+            secrets = {client_id: current_webhook_secrets(session, self._clock, self._keyring,
+                                                          client)
+                       for client_id, client in clients.items()}
+        return [_Job(Claim(row.id, row.attempts), row.body,
+                     clients[row.client_id].webhook_url, secrets[row.client_id])
+                for row in rows]
 
     # --- one attempt -----------------------------------------------------------------
 
@@ -174,90 +260,148 @@ class Dispatcher:
             assert event is not None
             client = session.get(Client, event.client_id)
             assert client is not None
-            secrets = current_webhook_secrets(session, self._clock, self._keyring, client)
-            url = client.webhook_url
-        started = self._clock.now()
-        if not url:
-            result = Result(False, None, 0, "the client has no webhook URL")
-        else:
-            result = self._send(url, secrets, event)
-        self._record(claim, started, result)
-        return result
+            job = _Job(claim, event.body, client.webhook_url,
+                       current_webhook_secrets(session, self._clock, self._keyring, client))
+        return self._send_and_record(job)
 
-    def _send(self, url: str, secrets: list[str], event: WebhookEvent) -> Result:
+    def _attempt(self, job: _Job) -> tuple[datetime, Result]:
+        started = self._clock.now()
+        if not job.url:
+            return started, Result(False, None, 0, "the client has no webhook URL")
+        return started, self._send(job.url, job.secrets, job.claim.event_id, job.body)
+
+    def _send(self, url: str, secrets: list[str], event_id: str, body: str) -> Result:
         # Signed at send time: each attempt carries a fresh timestamp, so a
         # receiver's replay window never rejects a late retry.
         timestamp = int(self._clock.now().timestamp())
-        headers = signing.headers(secrets, event.id, timestamp, event.body)
+        headers = signing.headers(secrets, event_id, timestamp, body)
         headers["Content-Type"] = "application/json"
         headers["User-Agent"] = "gateway-webhooks/1"
         begun = time.monotonic()
         try:
-            response = self._session().post(url, data=event.body.encode(), headers=headers,
-                                            timeout=SEND_TIMEOUT_SECONDS,
-                                            allow_redirects=False)
+            response = self._http.post(url, body.encode(), headers, self._send_timeout)
         except BlockedDestination as error:
             return Result(False, None, _elapsed(begun), str(error))
-        except requests.RequestException as error:
+        except (HTTPError, OSError) as error:
             return Result(False, None, _elapsed(begun), _describe(error))
-        response.close()
-        status = response.status_code
+        status = response.status
+        retry_after = response.headers.get("Retry-After")
+        finish(response)
         if 200 <= status < 300:
             return Result(True, status, _elapsed(begun), None)
         return Result(False, status, _elapsed(begun), f"answered {status}",
-                      _retry_after(response.headers.get("Retry-After"), self._clock.now()))
+                      _retry_after(retry_after, self._clock.now()))
 
-    def _session(self) -> requests.Session:
-        # One keep-alive session per sending thread.
-        session: requests.Session | None = getattr(self._http, "session", None)
-        if session is None:
-            session = guarded_session(self._policy)
-            self._http.session = session
-        return session
+    # --- recording -------------------------------------------------------------------
 
-    def _record(self, claim: Claim, started: datetime, result: Result) -> None:
+    def _write_outcomes(self, outcomes: Sequence[Outcome]) -> None:
+        """Record attempts in one transaction, each event's only while its claim is ours.
+
+        Three statements, one per kind of outcome, each run once for all the
+        events of its kind (an executemany), and one insert for the log.
+        """
         now = self._clock.now()
-        values: dict[str, object]
-        if result.delivered:
-            values = {"status": "delivered", "delivered_at": now, "lease_until": None,
-                      "last_error": None}
-        elif claim.attempt >= len(SCHEDULE):
-            values = {"status": "dead", "lease_until": None, "last_error": result.error}
-        else:
-            wait = delay_before(claim.attempt + 1, self._rng)
-            if result.retry_after is not None:
-                wait = max(wait, min(result.retry_after, MAX_RETRY_AFTER))
-            values = {"status": "pending", "next_attempt_at": now + wait, "lease_until": None,
-                      "last_error": result.error}
-        with self._sessions.begin() as session:
-            # Only while the claim is still ours: a worker whose lease ran out
-            # must not overwrite the outcome of the one that took over.
-            taken = session.execute(update(WebhookEvent).where(
-                WebhookEvent.id == claim.event_id, WebhookEvent.status == "delivering",
-                WebhookEvent.attempts == claim.attempt).values(**values)
-                .execution_options(synchronize_session=False))
-            session.add(WebhookAttempt(
-                event_id=claim.event_id, number=claim.attempt, started_at=started,
-                status_code=result.status_code, latency_ms=result.latency_ms,
-                outcome="delivered" if result.delivered else "failed",
-                error=(result.error or "")[:500] or None))
-            if taken.rowcount != 1:  # type: ignore[attr-defined]
-                log.warning("the lease on %s ran out during attempt %d", claim.event_id,
-                            claim.attempt)
+        delivered: list[dict[str, object]] = []
+        retried: list[dict[str, object]] = []
+        dead: list[dict[str, object]] = []
+        for claim, _started, result in outcomes:
+            key = {"b_id": claim.event_id, "b_attempt": claim.attempt}
+            if result.delivered:
+                delivered.append({**key, "b_now": now})
+            elif claim.attempt >= len(SCHEDULE):
+                dead.append({**key, "b_error": result.error})
+            else:
+                wait = delay_before(claim.attempt + 1, self._rng)
+                if result.retry_after is not None:
+                    wait = max(wait, min(result.retry_after, MAX_RETRY_AFTER))
+                retried.append({**key, "b_next": now + wait, "b_error": result.error})
+        taken = 0
+        with self._engine.begin() as connection:
+            for statement, rows in ((_DELIVERED, delivered), (_RETRIED, retried), (_DEAD, dead)):
+                if rows:
+                    taken += connection.execute(statement, rows).rowcount
+            connection.execute(insert(WebhookAttempt), [
+                {"event_id": claim.event_id, "number": claim.attempt, "started_at": started,
+                 "status_code": result.status_code, "latency_ms": result.latency_ms,
+                 "outcome": "delivered" if result.delivered else "failed",
+                 "error": (result.error or "")[:500] or None}
+                for claim, started, result in outcomes])
+        if taken != len(outcomes):
+            # Another worker took these over when their lease ran out; its
+            # outcome stands, and these attempts are only logged.
+            log.warning("the lease ran out during %d of %d attempt(s): %s",
+                        len(outcomes) - taken, len(outcomes),
+                        ", ".join(f"{claim.event_id}#{claim.attempt}"
+                                  for claim, _, _ in outcomes[:10]))
+
+
+# Writing an outcome: only while the claim is still ours, i.e. the event is
+# still being delivered under this attempt number. A worker whose lease ran
+# out must not overwrite the outcome of the one that took over.
+_OURS: Final = and_(WebhookEvent.id == bindparam("b_id"), WebhookEvent.status == "delivering",
+                    WebhookEvent.attempts == bindparam("b_attempt"))
+_DELIVERED: Final = update(WebhookEvent).where(_OURS).values(
+    status="delivered", delivered_at=bindparam("b_now"), lease_until=None, last_error=None)
+_RETRIED: Final = update(WebhookEvent).where(_OURS).values(
+    status="pending", next_attempt_at=bindparam("b_next"), lease_until=None,
+    last_error=bindparam("b_error"))
+_DEAD: Final = update(WebhookEvent).where(_OURS).values(
+    status="dead", lease_until=None, last_error=bindparam("b_error"))
+
+
+class _Recorder:
+    """One thread writing outcomes as they come, all that are waiting in one transaction."""
+
+    MAX_BATCH: Final = 500
+
+    def __init__(self, write: Callable[[Sequence[Outcome]], None]) -> None:
+        self._write = write
+        self._queue: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="webhook-recorder", daemon=True)
+        self._thread.start()
+
+    def put(self, outcome: Outcome) -> None:
+        self._queue.put(outcome)
+
+    def close(self) -> None:
+        """Write what is left, then stop."""
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        closing = False
+        while not closing:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < self.MAX_BATCH:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    closing = True
+                    break
+                batch.append(more)
+            try:
+                self._write(batch)
+            except Exception:
+                log.exception("recording %d webhook attempt(s) failed; their leases will run "
+                              "out and they will be sent again", len(batch))
 
 
 def _elapsed(begun: float) -> int:
     return round((time.monotonic() - begun) * 1000)
 
 
-def _describe(error: requests.RequestException) -> str:
-    if isinstance(error, requests.Timeout):
-        return "timed out"
-    if isinstance(error, requests.TooManyRedirects):
-        return "answered with a redirect"
-    if isinstance(error, requests.ConnectionError):
+def _describe(error: HTTPError | OSError) -> str:
+    # A failure to connect is a urllib3 ConnectTimeoutError too: test it first.
+    if isinstance(error, NewConnectionError):
         return "connection failed"
-    return type(error).__name__
+    if isinstance(error, Urllib3TimeoutError | TimeoutError):
+        return "timed out"
+    return "connection failed"
 
 
 def _retry_after(value: str | None, now: datetime) -> timedelta | None:

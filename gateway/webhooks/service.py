@@ -52,8 +52,13 @@ def get_event(session: Session, event_id: str) -> WebhookEvent:
 
 
 def attempts_of(session: Session, event_id: str) -> list[WebhookAttempt]:
+    """Every attempt, in the order they started.
+
+    Not by number: a redelivery starts the count again at 1, and its attempts
+    belong after the ones before it.
+    """
     return list(session.scalars(select(WebhookAttempt).where(
-        WebhookAttempt.event_id == event_id).order_by(WebhookAttempt.number,
+        WebhookAttempt.event_id == event_id).order_by(WebhookAttempt.started_at,
                                                       WebhookAttempt.id)))
 
 

@@ -44,7 +44,8 @@ def test_audit_lists_records_and_user_text_cannot_forge_lines(
     assert json.loads(ok(run_gateway("audit", "--json", "--since", "1m")))
     assert json.loads(ok(run_gateway("audit", "--json", "--since", "2999-01-01"))) == []
     bad = run_gateway("audit", "--since", "yesterday")
-    assert bad.code == 1 and "--since" in bad.stderr
+    assert bad.code == 1
+    assert "--since" in bad.stderr
 
 
 def test_status_reports_schema_keys_and_backlog(

@@ -30,16 +30,6 @@ from tests.integration.portal.conftest import PASSWORD, Browser
 from tests.integration.webhooks.conftest import Receiver
 
 
-@pytest.fixture
-def hooked(register: Callable[..., Registered], receiver: Receiver) -> Registered:
-    return register(webhook_url=receiver.url)
-
-
-@pytest.fixture
-def hooked_api(app: Flask, hooked: Registered) -> Api:
-    return Api(client_for(app), hooked.api_token)
-
-
 def events(app: Flask) -> list[WebhookEvent]:
     with app.app_context():
         return list(db.session().scalars(select(WebhookEvent)))

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import requests
+import urllib3
 from authlib.integrations.requests_client import OAuth2Session
 
 from gateway.serving.tls import make_self_signed
@@ -29,9 +30,11 @@ from gateway.webhooks.http import (
     DEFAULT_TIMEOUT,
     BlockedDestination,
     GuardedHTTPSConnection,
+    GuardedPool,
     IPAddress,
     OutboundPolicy,
     blocked_reason,
+    finish,
     guard_session,
     guarded_session,
     open_connection,
@@ -171,6 +174,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", "2")
         self.end_headers()
         self.wfile.write(b"ok")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.do_GET()
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -618,3 +625,74 @@ def test_malformed_insecure_host_entry_is_a_settings_error(tmp_path: Path, entry
     ))
     with pytest.raises(SettingsError, match="GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS"):
         OutboundPolicy.from_settings(settings)
+
+
+# --- GuardedPool: the same guard without requests -----------------------------------------
+
+
+def test_pool_posts_through_a_checked_address_and_verifies_the_name(
+    start_tls_server: Callable[..., LocalServer],
+) -> None:
+    server = start_tls_server(HOOKS)
+    connector = FakeConnector(route=server.address)
+    pool = GuardedPool(policy_with(FakeResolver({HOOKS: [[PUBLIC]]}), connector),
+                       ca_certs=str(server.cafile))
+    response = pool.post(f"https://{HOOKS}/", b"{}", {"Content-Type": "application/json"}, 5)
+    assert response.status == 200
+    finish(response)
+    assert connector.opened == [(PUBLIC, 443, 5)]
+    assert server.server_names == [HOOKS]
+    assert server.paths == ["/"]
+
+
+def test_pool_verifies_certificates_by_default(
+    start_tls_server: Callable[..., LocalServer],
+) -> None:
+    server = start_tls_server(HOOKS)  # self-signed: in no public CA bundle
+    connector = FakeConnector(route=server.address)
+    pool = GuardedPool(policy_with(FakeResolver({HOOKS: [[PUBLIC]]}), connector))
+    with pytest.raises(urllib3.exceptions.SSLError, match="certificate verify failed"):
+        pool.post(f"https://{HOOKS}/", b"{}", {}, 5)
+    assert server.paths == []
+
+
+def test_pool_refuses_a_certificate_for_another_name(
+    start_tls_server: Callable[..., LocalServer],
+) -> None:
+    server = start_tls_server("other.example")
+    connector = FakeConnector(route=server.address)
+    pool = GuardedPool(policy_with(FakeResolver({HOOKS: [[PUBLIC]]}), connector),
+                       ca_certs=str(server.cafile))
+    with pytest.raises(urllib3.exceptions.SSLError, match=re.escape(f"not valid for '{HOOKS}'")):
+        pool.post(f"https://{HOOKS}/", b"{}", {}, 5)
+
+
+@pytest.mark.parametrize("address", ["10.0.0.5", "127.0.0.1", "169.254.169.254", "::1"])
+def test_pool_refuses_a_name_resolving_to_a_blocked_address(
+    address: str, connector: FakeConnector,
+) -> None:
+    pool = GuardedPool(policy_with(FakeResolver({HOOKS: [[PUBLIC, address]]}), connector))
+    with pytest.raises(BlockedDestination, match=re.escape(f"{address} is ")):
+        pool.post(f"https://{HOOKS}/hooks", b"{}", {}, 5)
+    assert connector.opened == []
+
+
+@pytest.mark.parametrize("url", ["http://hooks.example/", "ftp://hooks.example/",
+                                 "file:///etc/passwd"])
+def test_pool_refuses_other_schemes_before_anything(url: str, connector: FakeConnector) -> None:
+    pool = GuardedPool(policy_with(FakeResolver({HOOKS: [[PUBLIC]]}), connector))
+    with pytest.raises(BlockedDestination):
+        pool.post(url, b"{}", {}, 5)
+    assert connector.opened == []
+
+
+def test_pool_returns_a_redirect_without_following_it(
+    http_server: LocalServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")  # never consulted
+    pool = GuardedPool(OutboundPolicy(insecure_hosts=frozenset({f"127.0.0.1:{http_server.port}"})))
+    response = pool.post(f"http://127.0.0.1:{http_server.port}/redirect", b"{}", {}, 5)
+    assert response.status == 302
+    assert response.headers["Location"] == "http://169.254.169.254/latest/meta-data/"
+    finish(response)
+    assert http_server.paths == ["/redirect"]

@@ -1,0 +1,73 @@
+"""`gateway serve` sends webhooks through its own worker, and not with --no-worker."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from flask import Flask
+
+from gateway.client import verify_webhook
+from tests.conftest import Registered
+from tests.integration.api.test_create import body
+from tests.integration.conftest import Result, Server
+from tests.integration.test_clients_cli import Https
+from tests.integration.webhooks.conftest import Receiver, events
+
+pytestmark = pytest.mark.slow
+
+
+def cancel_over_https(https: Https) -> str:
+    status, created = https.call("POST", "/api/v1/elicitations", body(metadata={"run": "e2e"}))
+    assert status == 201, created
+    status, cancelled = https.call("POST", f"/api/v1/elicitations/{created['id']}/cancel")
+    assert status == 200, cancelled
+    elicitation_id: str = created["id"]
+    return elicitation_id
+
+
+def test_serve_delivers_a_cancellation_through_its_worker(
+    app: Flask, hooked: Registered, receiver: Receiver, start_server: Callable[..., Server],
+    instance_path: Path,
+) -> None:
+    server = start_server()
+    elicitation_id = cancel_over_https(Https(server, instance_path, hooked.api_token))
+
+    [delivery] = receiver.wait_for(1, timeout=20)
+    payload = verify_webhook(hooked.webhook_secret, delivery.headers, delivery.body)
+    assert payload["type"] == "elicitation.cancelled"
+    assert payload["data"]["elicitation_id"] == elicitation_id
+    assert payload["data"]["metadata"] == {"run": "e2e"}
+    [event] = events(app)
+    assert delivery.headers["webhook-id"] == event.id
+    deadline = time.monotonic() + 10
+    while events(app)[0].status != "delivered" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert events(app)[0].status == "delivered"
+    assert "worker started" in server.output()
+
+
+def test_serve_without_worker_leaves_the_event_to_a_worker(
+    app: Flask, hooked: Registered, receiver: Receiver, start_server: Callable[..., Server],
+    instance_path: Path, run_gateway: Callable[..., Result],
+) -> None:
+    server = start_server("--no-worker")
+    cancel_over_https(Https(server, instance_path, hooked.api_token))
+
+    time.sleep(3)  # a worker would have sent it well within this
+    assert receiver.deliveries == []
+    [event] = events(app)
+    assert (event.status, event.attempts) == ("pending", 0)
+    assert "worker started" not in server.output()
+
+    # The event was waiting in the outbox all along: any worker sends it.
+    sent = run_gateway("worker", "--once")
+    assert sent.code == 0, sent.stderr
+    assert "attempted 1 webhook(s)" in sent.stdout
+    [delivery] = receiver.deliveries
+    assert delivery.headers["webhook-id"] == event.id
+    assert json.loads(delivery.body)["type"] == "elicitation.cancelled"
+    assert events(app)[0].status == "delivered"
