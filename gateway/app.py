@@ -14,6 +14,9 @@ from gateway.elicitations import views as portal
 from gateway.elicitations.waiting import DEFAULT_SLOTS, WaitHub
 from gateway.identity import views as identity
 from gateway.identity.sessions import ServerSessionInterface
+from gateway.payments import stripe_gateway
+from gateway.payments import views as payments
+from gateway.payments.stripe_gateway import Stripe
 from gateway.settings import Settings, load_settings
 from gateway.web import api, openapi, ratelimit
 from gateway.web.converters import IdConverter
@@ -24,10 +27,11 @@ csrf = CSRFProtect()
 
 
 def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
-               wait_slots: int = DEFAULT_SLOTS) -> Flask:
+               wait_slots: int = DEFAULT_SLOTS, stripe: Stripe | None = None) -> Flask:
     """Build the gateway app from settings (read from the environment when not given).
 
-    ``wait_slots`` is how many threads of each process long-polls may hold.
+    ``wait_slots`` is how many threads of each process long-polls may hold;
+    ``stripe`` replaces the Stripe the settings choose.
     """
     settings = settings or load_settings()
     app = Flask(
@@ -52,6 +56,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.json.sort_keys = False  # type: ignore[attr-defined]  # keep documented field order
     app.extensions["gateway.settings"] = settings
     app.extensions["gateway.clock"] = clock or SystemClock()
+    app.extensions["gateway.stripe"] = stripe or stripe_gateway.from_settings(settings)
     app.jinja_env.globals["public_host"] = settings.public_host
     # Not url_for: error pages render even when the request's host was refused
     # and Flask has no URL adapter.
@@ -68,5 +73,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.register_blueprint(identity.blueprint)
     app.register_blueprint(portal.blueprint)
     app.register_blueprint(account.blueprint)
+    app.register_blueprint(payments.blueprint)
+    # Stripe signs its webhook (checked in the view); it has no CSRF token to send.
+    csrf.exempt(payments.stripe_webhook)
     app.extensions["gateway.waits"] = WaitHub(db.engine_of(app), slots=wait_slots)
     return app

@@ -31,12 +31,14 @@ FEATURE_COMMANDS: Final = {
     "db": "gateway.migrations.cli:db",
     "clients": "gateway.clients.cli:clients",
     "elicitations": "gateway.elicitations.cli:elicitations",
+    "payments": "gateway.payments.cli:payments",
     "users": "gateway.identity.cli:users",
     "keys": "gateway.vault.cli:keys",
     "credentials": "gateway.credentials.cli:credentials",
     "webhooks": "gateway.webhooks.cli:webhooks",
     "audit": "gateway.audit.cli:audit",
     "status": "gateway.status:status",
+    "demo": "gateway.demo:demo",
 }
 
 

@@ -5,7 +5,9 @@ from gateway.clients.models import ApiToken, Client, WebhookSecret
 from gateway.credentials.models import Credential
 from gateway.elicitations.models import Elicitation, IdempotencyRecord
 from gateway.identity.models import BrowserSession, User
+from gateway.payments.models import Payment, StripeEvent
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent
 
 __all__ = ["ApiToken", "AuditEvent", "BrowserSession", "Client", "Credential", "Elicitation",
-           "IdempotencyRecord", "User", "WebhookAttempt", "WebhookEvent", "WebhookSecret"]
+           "IdempotencyRecord", "Payment", "StripeEvent", "User", "WebhookAttempt",
+           "WebhookEvent", "WebhookSecret"]

@@ -11,6 +11,7 @@ from gateway.clock import SystemClock
 from gateway.elicitations import service
 from gateway.elicitations.lifecycle import Status
 from gateway.elicitations.models import Elicitation
+from gateway.payments import service as payments
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
@@ -55,13 +56,22 @@ def show(elicitation_id: str, as_json: bool) -> None:
     """One elicitation, whole."""
     clock = SystemClock()
     with cli.transaction() as session:
-        row = _row(service.find(session, clock, elicitation_id), clock)
+        elicitation = service.find(session, clock, elicitation_id)
+        row = _row(elicitation, clock)
+        if elicitation.kind == "payment":
+            row["payments"] = [payments.represent(p)
+                               for p in payments.payments_of(session, elicitation.id)]
     if as_json:
         cli.echo_json(row)
         return
     for key, value in row.items():
-        if key != "mcp":
+        if key not in ("mcp", "payments"):
             click.echo(f"{key + ':':17}{cli.cell(value)}")
+    for payment in row.get("payments", []):
+        click.echo(f"payment {payment['attempt']}:{'':7}{payment['status']}  "
+                   f"{cli.cell(payment['amount'])} {cli.cell(payment['currency'])}  "
+                   f"{payment['checkout_session_id']}  "
+                   f"{cli.cell(payment['payment_intent_id'] or payment['subscription_id'])}")
 
 
 @elicitations.command()

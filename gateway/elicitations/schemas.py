@@ -9,7 +9,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    model_validator,
+)
+
+from gateway.payments.currencies import CURRENCIES, is_known
 
 MIN_TTL: Final = 60
 MAX_TTL: Final = 24 * 3600
@@ -59,12 +71,24 @@ class Subject(Strict):
     sub: Annotated[SubjectId, Field(description="Subject within that issuer")]
 
 
+def _known_currency(value: str) -> str:
+    if not is_known(value):
+        raise ValueError(f"{value!r} is not a currency Stripe charges in (ISO 4217, lower case, "
+                         "e.g. 'usd', 'eur')")
+    return value
+
+
+Currency = Annotated[str, Field(pattern=r"^[a-z]{3}$", description="ISO 4217, lower case",
+                                json_schema_extra={"enum": sorted(CURRENCIES)}),
+                     AfterValidator(_known_currency)]
+
+
 class AmountPayment(Strict):
     """A one-off payment of an amount the MCP server names."""
 
     amount: Annotated[int, Field(ge=1, le=99_999_999, description="In the currency's minor unit"),
                       WHOLE]
-    currency: Annotated[str, Field(pattern=r"^[a-z]{3}$", description="ISO 4217, lower case")]
+    currency: Currency
     description: Annotated[NonEmpty, Field(max_length=500)]
     mode: Literal["payment"] = "payment"
     customer_email: Email | None = None
@@ -79,7 +103,26 @@ class PricePayment(Strict):
     customer_email: Email | None = None
 
 
-Payment = AmountPayment | PricePayment
+def _payment_shape(value: Any) -> str | None:
+    # Chosen by which fields are present, so that a body with both shapes or
+    # neither gets one clear sentence instead of every member's complaints.
+    if not isinstance(value, dict):
+        return None
+    has_amount, has_price = "amount" in value, "price_id" in value
+    if has_amount == has_price:
+        return None
+    # Tags spelled as the model names: error locations drop them like any
+    # union member's name (see gateway.web.api._describe).
+    return "PricePayment" if has_price else "AmountPayment"
+
+
+Payment = Annotated[
+    Annotated[AmountPayment, Tag("AmountPayment")]
+    | Annotated[PricePayment, Tag("PricePayment")],
+    Discriminator(_payment_shape, custom_error_type="payment_shape",
+                  custom_error_message="give either amount, currency and description, or "
+                                       "price_id (and quantity), not both"),
+]
 
 
 class _Common(Strict):

@@ -73,6 +73,18 @@ def csp_allow(directive: str, *sources: str) -> Callable[[View], View]:
     return mark
 
 
+def csp_allow_here(directive: str, *sources: str) -> None:
+    """Let the current response alone load or post to ``sources`` under ``directive``.
+
+    For a view that renders several kinds of page, where only one kind needs
+    the opening (the elicitation page posts toward Stripe only for a payment).
+    """
+    if directive not in CSP:
+        raise ValueError(f"unknown CSP directive {directive!r}")
+    extra: dict[str, tuple[str, ...]] = g.setdefault(_EXTRA_ATTRIBUTE, {})
+    extra[directive] = (*extra.get(directive, ()), *sources)
+
+
 def build_csp(nonce: str, extra: dict[str, tuple[str, ...]] | None = None) -> str:
     """The policy text for one response."""
     parts = []
@@ -98,7 +110,9 @@ def init_app(app: Flask, settings: Settings) -> None:
 
 def _add_headers(response: Response) -> Response:
     view = current_app.view_functions.get(request.endpoint or "")
-    extra = getattr(view, _EXTRA_ATTRIBUTE, None)
+    extra = dict(getattr(view, _EXTRA_ATTRIBUTE, {}))
+    for directive, sources in g.get(_EXTRA_ATTRIBUTE, {}).items():
+        extra[directive] = (*extra.get(directive, ()), *sources)
     response.headers["Content-Security-Policy"] = build_csp(csp_nonce(), extra)
     for name, value in STATIC_HEADERS.items():
         response.headers[name] = value

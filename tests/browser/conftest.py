@@ -46,6 +46,7 @@ from playwright.sync_api import (
 
 from gateway import db
 from gateway.serving.tls import dev_certificate_paths
+from tests.browser.stripe_stub import StripeStub, running_stub
 from tests.conftest import TEST_KEYRING, TEST_PEPPER, TEST_SECRET, _empty_tables
 from tests.integration.conftest import free_port, tls_context
 
@@ -99,6 +100,7 @@ class Gateway:
     certfile: Path
     process: subprocess.Popen[str]
     log: Path
+    stripe: StripeStub
     api_token: str = ""
     client_name: str = ""
 
@@ -157,6 +159,16 @@ class Gateway:
         elicitation: dict[str, Any] = created.body
         return elicitation
 
+    def ask_for_payment(self, username: str, message: str,
+                        payment: dict[str, Any]) -> dict[str, Any]:
+        """A payment elicitation for ``username``, as their MCP server creates it."""
+        created = self.api("POST", "/api/v1/elicitations", {
+            "subject": {"iss": self.origin, "sub": username}, "kind": "payment",
+            "message": message, "payment": payment, "reuse_pending": False})
+        assert created.status == 201, created.body
+        elicitation: dict[str, Any] = created.body
+        return elicitation
+
     def status_of(self, elicitation_id: str) -> str:
         answer = self.api("GET", f"/api/v1/elicitations/{elicitation_id}")
         assert answer.status == 200, answer.body
@@ -171,9 +183,20 @@ def _json_of(process: subprocess.Popen[str], stdin: str = "") -> Any:
 
 
 @pytest.fixture(scope="package")
-def gateway(chromium_path: Path, database_url: str,
+def stripe_stub() -> Iterator[StripeStub]:
+    """Stripe's API, simulated on loopback for the gateway under test."""
+    with running_stub() as stub:
+        yield stub
+
+
+@pytest.fixture(scope="package")
+def gateway(chromium_path: Path, database_url: str, stripe_stub: StripeStub,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    """``gateway serve`` on a free port, with one registered MCP server (client)."""
+    """``gateway serve`` on a free port, with one registered MCP server (client).
+
+    It takes payments against the Stripe stub, which it may reach over plain
+    http on loopback because the stub's address is listed as a development host.
+    """
     workdir = tmp_path_factory.mktemp("browser-gateway")
     instance = workdir / "instance"
     instance.mkdir(mode=0o700)
@@ -191,6 +214,10 @@ def gateway(chromium_path: Path, database_url: str,
         "GATEWAY_LOGIN_BACKEND": "local",
         # Every accessibility tour shows the failed-login page once, all from one address.
         "GATEWAY_RATELIMIT_LOGIN": "100 per 15 minutes",
+        "GATEWAY_STRIPE_SECRET_KEY": "sk_test_browser_" + "s" * 24,
+        "GATEWAY_STRIPE_WEBHOOK_SECRET": "whsec_test_browser_" + "w" * 24,
+        "GATEWAY_STRIPE_API_BASE": stripe_stub.origin,
+        "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS": f"127.0.0.1:{stripe_stub.port}",
     })
     log = workdir / "serve.log"
     with log.open("w") as handle:
@@ -198,7 +225,7 @@ def gateway(chromium_path: Path, database_url: str,
             [*GATEWAY, "serve", "--port", str(port), "--workers", "1", "--threads", "8"],
             env=environ, cwd=workdir, stdout=handle, stderr=subprocess.STDOUT, text=True)
     certfile, _ = dev_certificate_paths(instance)
-    server = Gateway(origin, environ, workdir, certfile, process, log)
+    server = Gateway(origin, environ, workdir, certfile, process, log, stripe_stub)
     try:
         _wait_until_healthy(server)
         client = server.run("clients", "create", "Weather Forecasts", "--json")
@@ -273,6 +300,13 @@ class Watch:
     problems: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
+    # Origins a test expects the browser to be sent to (and answers itself
+    # with page.route, so nothing leaves the machine).
+    expected_origins: set[str] = field(default_factory=set)
+
+    def expect_origin(self, origin: str) -> None:
+        """Let requests to ``origin`` pass: the test routes them to a stand-in."""
+        self.expected_origins.add(origin)
 
     def console(self, message: ConsoleMessage) -> None:
         text = message.text
@@ -295,6 +329,8 @@ class Watch:
     def request(self, request: Request) -> None:
         self.requests.append(request.url)
         parts = urlsplit(request.url)
+        if f"{parts.scheme}://{parts.netloc}" in self.expected_origins:
+            return
         if parts.scheme != "https" or parts.netloc != self.host:
             self.problems.append(f"request to another origin: {request.url}")
 

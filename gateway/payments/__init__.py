@@ -1,0 +1,1 @@
+"""Payments: Stripe Checkout for payment elicitations, and Stripe's webhook."""
