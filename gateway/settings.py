@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
+import ipaddress
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -90,6 +91,8 @@ class Settings:
     session_idle_minutes: int = 15
     webhook_secret_grace_hours: int = 24
     webhook_concurrency: int = 8
+    metrics_networks: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
+    metrics_token: Secret | None = None
     session_max_hours: int = 8
 
     @property
@@ -248,6 +251,12 @@ def _validate(values: dict[str, Any]) -> Settings:
         values["database_url"] = f"sqlite:///{(instance_path / 'gateway.db').resolve()}"
     _check_choice(values, "login_backend", ("local", "oidc"))
     _check_choice(values, "log_level", ("debug", "info", "warning", "error"))
+    for network in values.get("metrics_networks", ()):
+        try:
+            ipaddress.ip_network(network)
+        except ValueError:
+            raise SettingsError(env_name("metrics_networks"),
+                                f"{network!r} is not a network such as 10.0.0.0/8") from None
     if values.get("webhook_secret_grace_hours", 0) < 0:
         raise SettingsError(env_name("webhook_secret_grace_hours"), "must be 0 or more")
     if values.get("proxy_hops", 0) < 0:

@@ -1,0 +1,1 @@
+"""Prometheus metrics of the gateway, read from the database at scrape time."""
