@@ -5,27 +5,22 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, jsonify, request
 from pydantic import TypeAdapter
 
 from gateway import db
-from gateway.clock import Clock
 from gateway.credentials import service
 from gateway.credentials.catalog import current_catalog
 from gateway.elicitations.schemas import Issuer, SubjectId
 from gateway.errors import InvalidInput
 from gateway.vault.keyring import current_keyring
 from gateway.web.api import current_client, query_text
+from gateway.web.context import current_clock
 
 blueprint = Blueprint("credentials", __name__, url_prefix="/credentials")
 
 MAX_PAGE: Final = 100
 _WHOLE_NUMBER = re.compile(r"[0-9]{1,4}")
-
-
-def _clock() -> Clock:
-    clock: Clock = current_app.extensions["gateway.clock"]
-    return clock
 
 
 ISSUER: Final = TypeAdapter[str](Issuer)
@@ -68,7 +63,7 @@ def reveal(credential_id: str) -> Response:
     """The plaintext key, for the MCP server that asked for it; audited, never cached."""
     with db.transaction() as session:
         credential = service.get_for_client(session, current_client().id, credential_id)
-        secret = service.reveal_for_client(session, _clock(), current_keyring(), credential,
+        secret = service.reveal_for_client(session, current_clock(), current_keyring(), credential,
                                            actor=_actor(), source_ip=request.remote_addr)
     return jsonify(id=credential.id, type=credential.type, secret=secret)
 
@@ -78,7 +73,7 @@ def revoke(credential_id: str) -> Response:
     """Revoke a credential; it can no longer be revealed."""
     with db.transaction() as session:
         credential = service.get_for_client(session, current_client().id, credential_id)
-        service.revoke(session, _clock(), credential, actor=_actor(),
+        service.revoke(session, current_clock(), credential, actor=_actor(),
                        source_ip=request.remote_addr)
         answer = service.represent(credential)
     return jsonify(answer)

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, redirect, render_template, request
+from flask import Blueprint, redirect, render_template, request
 from werkzeug.wrappers import Response
 
 from gateway import db
-from gateway.clock import Clock
 from gateway.credentials import service
 from gateway.credentials.catalog import CredentialType, current_catalog
 from gateway.credentials.models import Credential
 from gateway.errors import NotFound
 from gateway.identity.web import actor_of, current_subject, login_redirect
 from gateway.pagination import timestamp
+from gateway.web.context import current_clock
 
 blueprint = Blueprint("account", __name__)
-
-
-def _clock() -> Clock:
-    clock: Clock = current_app.extensions["gateway.clock"]
-    return clock
 
 
 @blueprint.get("/account")
@@ -56,6 +51,6 @@ def revoke(credential_id: str) -> Response:
         if credential is None or (credential.subject_iss, credential.subject_sub) != (
                 subject.iss, subject.sub):
             raise NotFound("There is no such key in your account.")
-        service.revoke(session, _clock(), credential, actor=actor_of(subject),
+        service.revoke(session, current_clock(), credential, actor=actor_of(subject),
                        source_ip=request.remote_addr)
     return redirect("/account?revoked=1", code=303)

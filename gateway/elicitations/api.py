@@ -11,7 +11,6 @@ from pydantic import TypeAdapter
 from sqlalchemy.exc import IntegrityError
 
 from gateway import db
-from gateway.clock import Clock
 from gateway.credentials.catalog import current_catalog
 from gateway.elicitations import service
 from gateway.elicitations.lifecycle import TERMINAL, Status
@@ -19,8 +18,8 @@ from gateway.elicitations.models import Elicitation
 from gateway.elicitations.schemas import Issuer, SubjectId, create_adapter
 from gateway.elicitations.waiting import WaitHub
 from gateway.errors import InvalidInput
-from gateway.settings import Settings
 from gateway.web.api import current_client, json_body, query_text
+from gateway.web.context import current_clock, current_settings
 
 blueprint = Blueprint("elicitations", __name__, url_prefix="/elicitations")
 
@@ -34,23 +33,13 @@ _ISSUER: Final = TypeAdapter[str](Issuer)
 _SUBJECT_ID: Final = TypeAdapter[str](SubjectId)
 
 
-def _settings() -> Settings:
-    settings: Settings = current_app.extensions["gateway.settings"]
-    return settings
-
-
-def _clock() -> Clock:
-    clock: Clock = current_app.extensions["gateway.clock"]
-    return clock
-
-
 def _caller() -> service.Caller:
     return service.Caller(current_client(), request.remote_addr)
 
 
 def _answer(elicitation: Elicitation, status: int = 200) -> tuple[Response, int]:
-    now = _clock().now()
-    return jsonify(service.represent(elicitation, _settings().public_url, now)), status
+    now = current_clock().now()
+    return jsonify(service.represent(elicitation, current_settings().public_url, now)), status
 
 
 @blueprint.post("")
@@ -61,12 +50,12 @@ def create() -> tuple[Response, int]:
     if key is not None and not _IDEMPOTENCY_KEY.fullmatch(key):
         raise InvalidInput("Idempotency-Key is 1 to 255 visible ASCII characters",
                            field="Idempotency-Key")
-    settings = _settings()
+    settings = current_settings()
     for attempt in (1, 2):
         try:
             with db.transaction() as session:
                 outcome = service.create(
-                    session, _clock(), _caller(), body, catalog=current_catalog(),
+                    session, current_clock(), _caller(), body, catalog=current_catalog(),
                     payments_enabled=settings.stripe_secret_key is not None,
                     public_url=settings.public_url, idempotency_key=key,
                     request_digest=service.request_digest(request.get_data(cache=True)),
@@ -89,18 +78,18 @@ def read(elicitation_id: str) -> tuple[Response, int]:
     wait = _wait_seconds()
     client = current_client()
     with db.transaction() as session:
-        elicitation = service.get(session, _clock(), client, elicitation_id)
+        elicitation = service.get(session, current_clock(), client, elicitation_id)
     if wait and elicitation.status not in TERMINAL:
         _hold(elicitation, wait)
         with db.transaction() as session:
-            elicitation = service.get(session, _clock(), client, elicitation_id)
+            elicitation = service.get(session, current_clock(), client, elicitation_id)
     return _answer(elicitation)
 
 
 def _hold(elicitation: Elicitation, wait: float) -> None:
     # The database connection goes back to the pool while this thread waits.
     db.session().close()
-    until_expiry = (elicitation.expires_at - _clock().now()).total_seconds()
+    until_expiry = (elicitation.expires_at - current_clock().now()).total_seconds()
     hub: WaitHub = current_app.extensions["gateway.waits"]
     hub.wait(elicitation.id, min(wait, max(until_expiry, 0)))
 
@@ -124,10 +113,10 @@ def list_elicitations() -> Response:
         subject_sub=query_text("subject_sub", _SUBJECT_ID))
     limit = _limit()
     with db.transaction() as session:
-        page, next_cursor = service.list_page(session, _clock(), current_client().id, filters,
-                                              request.args.get("cursor"), limit)
-        now: datetime = _clock().now()
-        items = [service.represent(e, _settings().public_url, now) for e in page]
+        page, next_cursor = service.list_page(session, current_clock(), current_client().id,
+                                              filters, request.args.get("cursor"), limit)
+        now: datetime = current_clock().now()
+        items = [service.represent(e, current_settings().public_url, now) for e in page]
     return jsonify(items=items, next_cursor=next_cursor)
 
 
@@ -151,7 +140,7 @@ def cancel(elicitation_id: str) -> tuple[Response, int]:
     """Cancel an open elicitation; its link stops working."""
     caller = _caller()
     with db.transaction() as session:
-        elicitation = service.get(session, _clock(), caller.client, elicitation_id)
-        service.cancel(session, _clock(), elicitation, actor=caller.actor,
+        elicitation = service.get(session, current_clock(), caller.client, elicitation_id)
+        service.cancel(session, current_clock(), elicitation, actor=caller.actor,
                        source_ip=caller.source_ip)
     return _answer(elicitation)

@@ -17,7 +17,6 @@ from werkzeug.wrappers import Response
 from gateway import db
 from gateway.audit import service as audit
 from gateway.clients.models import Client
-from gateway.clock import Clock
 from gateway.credentials import service as credentials
 from gateway.credentials import verification
 from gateway.credentials.catalog import current_catalog
@@ -30,6 +29,7 @@ from gateway.identity.web import actor_of, current_subject, login_redirect
 from gateway.pagination import timestamp
 from gateway.payments import pages as payments
 from gateway.vault.keyring import current_keyring
+from gateway.web.context import current_clock
 from gateway.webhooks.http import OutboundPolicy
 
 blueprint = Blueprint("portal", __name__)
@@ -60,11 +60,6 @@ def wrong_account(error: WrongAccount) -> tuple[str, int]:
     return render_template("wrong_account.html"), error.status
 
 
-def _clock() -> Clock:
-    clock: Clock = current_app.extensions["gateway.clock"]
-    return clock
-
-
 @blueprint.get("/e/<id:elicitation_id>")
 def show(elicitation_id: str) -> Page:
     """The request, for the user it was made for; opening it moves it to ``opened``."""
@@ -92,7 +87,7 @@ def answer(elicitation_id: str) -> Page:
         if elicitation.status in TERMINAL:
             return _ended(session, elicitation)
         if action == "decline":
-            lifecycle.transition(session, _clock(), elicitation, Status.DECLINED,
+            lifecycle.transition(session, current_clock(), elicitation, Status.DECLINED,
                                  actor=actor_of(subject), source_ip=request.remote_addr)
             return _ended(session, elicitation)
         if elicitation.kind != "api_key":
@@ -116,7 +111,7 @@ def answer(elicitation_id: str) -> Page:
         elicitation = _open(session, elicitation_id, subject)
         if elicitation.status in TERMINAL:
             return _ended(session, elicitation)
-        credentials.capture(session, _clock(), current_keyring(), elicitation,
+        credentials.capture(session, current_clock(), current_keyring(), elicitation,
                             credential_type, secret, actor=actor_of(subject),
                             source_ip=request.remote_addr)
         return _ended(session, elicitation)
@@ -126,7 +121,7 @@ def _open(session: Session, elicitation_id: str, subject: Subject) -> Elicitatio
     """The subject-checked elicitation, moved to ``opened`` if it was still pending."""
     elicitation = _checked(session, elicitation_id, subject)
     if elicitation.status == Status.PENDING:
-        lifecycle.transition(session, _clock(), elicitation, Status.OPENED,
+        lifecycle.transition(session, current_clock(), elicitation, Status.OPENED,
                              actor=actor_of(subject), source_ip=request.remote_addr)
     return elicitation
 
@@ -143,7 +138,7 @@ def _checked(session: Session, elicitation_id: str, subject: Subject) -> Elicita
                        "link again.")
     if (subject.iss, subject.sub) != (elicitation.subject_iss, elicitation.subject_sub):
         _refuse(elicitation, subject)
-    service.expire_if_overdue(session, _clock(), elicitation)
+    service.expire_if_overdue(session, current_clock(), elicitation)
     return elicitation
 
 
@@ -151,7 +146,7 @@ def _refuse(elicitation: Elicitation, subject: Subject) -> None:
     # Recorded in a transaction of its own: the refusal stands even though
     # the request's own transaction is rolled back by the error.
     with db.engine().begin() as connection, Session(bind=connection) as record:
-        audit.record(record, _clock(), actor=actor_of(subject), action="identity_mismatch",
+        audit.record(record, current_clock(), actor=actor_of(subject), action="identity_mismatch",
                      outcome="denied", target=elicitation.id, source_ip=request.remote_addr,
                      details={"client_id": elicitation.client_id, "method": request.method})
         record.flush()
@@ -164,7 +159,7 @@ def _render(session: Session, elicitation: Elicitation, subject: Subject,
     context: dict[str, Any] = {
         "elicitation": elicitation, "client": client, "subject": subject, "error": error,
         "expires_iso": timestamp(elicitation.expires_at),
-        "expires_text": _expiry_text(elicitation.expires_at, _clock().now()),
+        "expires_text": _expiry_text(elicitation.expires_at, current_clock().now()),
     }
     if elicitation.kind == "api_key":
         credential_type = current_catalog().get(elicitation.credential_type or "")

@@ -34,11 +34,11 @@ from werkzeug.wrappers import Response
 
 from gateway import db
 from gateway.audit import service as audit
-from gateway.clock import Clock
 from gateway.errors import GatewayError
 from gateway.identity.sessions import Subject
 from gateway.identity.web import actor_of
 from gateway.settings import Settings
+from gateway.web.context import current_clock
 from gateway.webhooks.http import OutboundPolicy, guard_session, guarded_session
 
 log = logging.getLogger(__name__)
@@ -172,11 +172,6 @@ def provider() -> Provider:
     return found
 
 
-def _clock() -> Clock:
-    clock: Clock = current_app.extensions["gateway.clock"]
-    return clock
-
-
 # --- the two legs of a login ---------------------------------------------------------
 
 
@@ -185,7 +180,7 @@ def start_login(next_path: str) -> Response:
     chosen = provider()
     state, nonce, verifier = generate_token(32), generate_token(32), generate_token(64)
     session[SESSION_KEY] = {"state": state, "nonce": nonce, "verifier": verifier,
-                            "next": next_path, "started": _clock().now().isoformat()}
+                            "next": next_path, "started": current_clock().now().isoformat()}
     query = urlencode({
         "response_type": "code", "client_id": chosen.client_id,
         "redirect_uri": chosen.redirect_uri, "scope": "openid", "state": state,
@@ -202,7 +197,7 @@ def finish_login() -> tuple[Subject, str]:
         _fail("no login was started in this browser, or it was finished already",
               "no-pending-login")
     started = datetime.fromisoformat(pending["started"])
-    if _clock().now() - started > LOGIN_WINDOW:
+    if current_clock().now() - started > LOGIN_WINDOW:
         _fail("the login took too long", "login-window-passed")
     if not hmac.compare_digest(request.args.get("state", ""), pending["state"]):
         _fail("the login answer does not belong to this browser", "state-mismatch")
@@ -217,7 +212,7 @@ def finish_login() -> tuple[Subject, str]:
     claims = verify_id_token(chosen, token.get("id_token"), pending["nonce"])
     subject = Subject(claims["iss"], claims["sub"])
     with db.transaction() as stored:
-        audit.record(stored, _clock(), actor=actor_of(subject),
+        audit.record(stored, current_clock(), actor=actor_of(subject),
                      action="login", target=subject.sub, source_ip=request.remote_addr,
                      details={"backend": "oidc"})
     return subject, pending["next"]
@@ -228,7 +223,7 @@ def verify_id_token(chosen: Provider, id_token: Any, nonce: str) -> dict[str, An
     if not isinstance(id_token, str):
         _fail("the identity provider sent no ID token", "no-id-token")
     claims = _decode(chosen, id_token)
-    now = _clock().now()
+    now = current_clock().now()
     audience = claims.get("aud")
     audiences = [audience] if isinstance(audience, str) else audience
     checks = [
@@ -272,7 +267,7 @@ def _time(value: Any) -> datetime | None:
 
 def _fail(message: str, reason: str, detail: dict[str, Any] | None = None) -> NoReturn:
     with db.transaction() as stored:
-        audit.record(stored, _clock(), actor=f"anonymous@{request.remote_addr or 'unknown'}",
+        audit.record(stored, current_clock(), actor=f"anonymous@{request.remote_addr or 'unknown'}",
                      action="login.failed", outcome="failure", source_ip=request.remote_addr,
                      details={"backend": "oidc", "reason": reason, **(detail or {})})
     raise LoginError(f"Login failed: {message}. Go back to the app and open its link again.")

@@ -2,34 +2,23 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, redirect, render_template, request
+from flask import Blueprint, redirect, render_template, request
 from werkzeug.wrappers import Response
 
 from gateway import db
 from gateway.audit import service as audit
-from gateway.clock import Clock
 from gateway.identity import oidc, service
 from gateway.identity.web import actor_of, current_subject, log_in, log_out, safe_next
-from gateway.settings import Settings
+from gateway.web.context import current_clock, current_settings
 
 blueprint = Blueprint("identity", __name__)
-
-
-def _settings() -> Settings:
-    settings: Settings = current_app.extensions["gateway.settings"]
-    return settings
-
-
-def _clock() -> Clock:
-    clock: Clock = current_app.extensions["gateway.clock"]
-    return clock
 
 
 @blueprint.get("/login")
 def login() -> Response | str:
     """The login form (local accounts), or off to the identity provider (OpenID Connect)."""
     next_path = safe_next(request.args.get("next"))
-    if _settings().login_backend == "oidc":
+    if current_settings().login_backend == "oidc":
         return oidc.start_login(next_path)
     return render_template("login.html", next_path=next_path, error=None)
 
@@ -38,16 +27,16 @@ def login() -> Response | str:
 def login_submit() -> Response | tuple[str, int]:
     """Check a local account's password; on success the session gets a new id."""
     next_path = safe_next(request.form.get("next"))
-    if _settings().login_backend != "local":
+    if current_settings().login_backend != "local":
         return redirect(f"/login?next={next_path}", code=303)
     username = request.form.get("username", "")
     with db.transaction() as session:
         user = service.check_local_login(
-            session, _clock(), username=username, password=request.form.get("password", ""),
+            session, current_clock(), username=username, password=request.form.get("password", ""),
             source_ip=request.remote_addr)
         if user is not None:
-            subject = service.local_subject(_settings().public_url, user.username)
-            audit.record(session, _clock(), actor=actor_of(subject), action="login",
+            subject = service.local_subject(current_settings().public_url, user.username)
+            audit.record(session, current_clock(), actor=actor_of(subject), action="login",
                          target=user.username, source_ip=request.remote_addr,
                          details={"backend": "local"})
     if user is None:
@@ -79,7 +68,7 @@ def logout() -> Response:
     subject = current_subject()
     if subject is not None:
         with db.transaction() as session:
-            audit.record(session, _clock(), actor=actor_of(subject), action="logout",
+            audit.record(session, current_clock(), actor=actor_of(subject), action="logout",
                          target=subject.sub, source_ip=request.remote_addr)
     log_out()
     return redirect("/logout/done", code=303)

@@ -13,7 +13,6 @@ from sqlalchemy.exc import IntegrityError
 from werkzeug.wrappers import Response
 
 from gateway import db
-from gateway.clock import Clock
 from gateway.elicitations.lifecycle import TERMINAL
 from gateway.elicitations.views import Page, _checked, _ended, _open
 from gateway.errors import GatewayError, NotFound
@@ -22,16 +21,12 @@ from gateway.payments import pages, service
 from gateway.payments.service import PaymentInProgress, PaymentStatus
 from gateway.payments.stripe_gateway import CHECKOUT_ORIGIN, Stripe
 from gateway.settings import Settings
+from gateway.web.context import current_clock
 from gateway.web.headers import csp_allow
 
 blueprint = Blueprint("payments", __name__)
 
 _NOT_OURS = ("This payment link is not valid. Go back to the app and open its link again.")
-
-
-def _clock() -> Clock:
-    clock: Clock = current_app.extensions["gateway.clock"]
-    return clock
 
 
 def _stripe() -> Stripe:
@@ -55,7 +50,7 @@ def checkout(elicitation_id: str) -> Page:
         if elicitation.kind != "payment":
             raise GatewayError("This request is not a payment. Reload the page.")
         try:
-            plan = service.plan_checkout(session, _clock(), elicitation,
+            plan = service.plan_checkout(session, current_clock(), elicitation,
                                          public_url=settings.public_url, actor=actor,
                                          source_ip=source_ip)
         except PaymentInProgress:
@@ -74,8 +69,8 @@ def checkout(elicitation_id: str) -> Page:
                 elicitation = _open(session, elicitation_id, subject)
                 if elicitation.status in TERMINAL:
                     return _ended(session, elicitation)
-                payment = service.record_checkout(session, _clock(), elicitation, plan, created,
-                                                  actor=actor, source_ip=source_ip)
+                payment = service.record_checkout(session, current_clock(), elicitation, plan,
+                                                  created, actor=actor, source_ip=source_ip)
                 url = payment.checkout_url
             break
         except IntegrityError:
@@ -107,7 +102,7 @@ def returned(elicitation_id: str) -> Page:
     checkout = _stripe().retrieve_checkout_session(session_id)
     with db.transaction() as session:
         elicitation = _checked(session, elicitation_id, subject)
-        payment = service.fulfil(session, _clock(), checkout, service.status_of(checkout),
+        payment = service.fulfil(session, current_clock(), checkout, service.status_of(checkout),
                                  actor=actor_of(subject), source_ip=request.remote_addr)
         if payment is None:
             raise NotFound(_NOT_OURS)
@@ -126,7 +121,7 @@ def stripe_webhook() -> tuple[Response, int]:
     for attempt in (1, 2):
         try:
             with db.transaction() as session:
-                outcome = service.handle_event(session, _clock(), event,
+                outcome = service.handle_event(session, current_clock(), event,
                                                source_ip=request.remote_addr)
             break
         except IntegrityError:
