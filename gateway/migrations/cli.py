@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import click
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import sessionmaker
 
 from gateway import cli, migrations
+from gateway.audit import service as audit
+from gateway.clock import SystemClock
 from gateway.db import make_engine
 
 
@@ -25,6 +29,8 @@ def upgrade() -> None:
         before = migrations.current_revisions(engine)
         migrations.upgrade(engine)
         after = migrations.current_revisions(engine)
+        if before != after:
+            _record_upgrade(engine, before, after)
     except SQLAlchemyError as error:
         cli.fail(f"database {engine.url.render_as_string(hide_password=True)}: "
                  f"{error.__class__.__name__}: {error.orig if hasattr(error, 'orig') else error}")
@@ -35,6 +41,15 @@ def upgrade() -> None:
     else:
         click.echo(f"database upgraded from {', '.join(sorted(before)) or 'empty'} "
                    f"to {', '.join(sorted(after))}")
+
+
+def _record_upgrade(engine: Engine, before: set[str], after: set[str]) -> None:
+    # Written once the migrations have committed: before them there may be no
+    # audit table to write to.
+    with sessionmaker(engine).begin() as session:
+        audit.record(session, SystemClock(), actor=cli.operator(), action="db.upgraded",
+                     target=", ".join(sorted(after)),
+                     details={"from": sorted(before), "to": sorted(after)})
 
 
 @db.command()
