@@ -15,7 +15,8 @@ in to the gateway, can answer the link.
 
 Endpoints: ``/mcp`` (MCP, bearer token required) and ``/webhooks/gateway``
 (the gateway's signed webhooks; register it with ``gateway clients create
---webhook-url``).
+--webhook-url``). The README's "The example server" runs it beside ``gateway
+demo``, with weather_client.py as the user's MCP client.
 """
 
 from __future__ import annotations

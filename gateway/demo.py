@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway import cli, migrations
 from gateway.client.webhooks import WebhookVerificationError, verify_webhook
 from gateway.clients import service as clients
+from gateway.clients.models import ClientIdentity
 from gateway.clock import SystemClock
 from gateway.credentials.catalog import catalog_path, load_catalog
 from gateway.db import make_engine
@@ -94,12 +95,17 @@ def _user(session: Session, password: str) -> None:
                                 public_url=cli.settings().public_url, actor=cli.operator())
 
 
-def _seed(settings: Settings, receiver: str) -> tuple[str, str, str]:
-    """Client, user and elicitation; the link, the password and the webhook secret."""
+def _seed(settings: Settings, receiver: str) -> tuple[str | None, str, str]:
+    """Client, user and elicitation; the link, the password and the webhook secret.
+
+    With the OpenID Connect login there is no user and no link: the users are
+    the provider's, and the demo knows none of them to ask.
+    """
     engine = make_engine(settings.database_url)
     migrations.upgrade(engine)
     password = secrets.token_urlsafe(12)
     clock = SystemClock()
+    link: str | None = None
     with sessionmaker(engine, expire_on_commit=False).begin() as session:
         minted = clients.create_client(
             session, clock, keyring=load_keyring(settings), pepper=settings.token_pepper,
@@ -107,18 +113,26 @@ def _seed(settings: Settings, receiver: str) -> tuple[str, str, str]:
             name=f"Demo MCP server {datetime.now(UTC):%H%M%S}",
             webhook_url=f"http://{receiver}/hooks", credential_types=[],
             actor=cli.operator(), policy=OutboundPolicy.from_settings(settings))
-        _user(session, password)
-        request = create_adapter.validate_python({
-            "subject": {"iss": settings.public_url, "sub": DEMO_USER}, "kind": "api_key",
-            "credential_type": "generic", "ttl_seconds": 3600, "reuse_pending": False,
-            "message": "The demo weather tool needs your weather-service API key. Any "
-                       "key will do here; it is encrypted and never shown to the assistant."})
-        outcome = elicitations.create(
-            session, clock, elicitations.Caller(clients.identity_of(minted.client), None),
-            request, catalog=load_catalog(catalog_path(settings)), payments_enabled=False,
-            public_url=settings.public_url, idempotency_key=None, request_digest="")
+        if settings.login_backend == "local":
+            _user(session, password)
+            link = _ask_demo_user(session, settings, clients.identity_of(minted.client))
     engine.dispose()
-    return outcome.body["url"], password, minted.webhook_secret
+    return link, password, minted.webhook_secret
+
+
+def _ask_demo_user(session: Session, settings: Settings, client: ClientIdentity) -> str:
+    """An API-key elicitation for the demo user; its link."""
+    request = create_adapter.validate_python({
+        "subject": {"iss": settings.public_url, "sub": DEMO_USER}, "kind": "api_key",
+        "credential_type": "generic", "ttl_seconds": 3600, "reuse_pending": False,
+        "message": "The demo weather tool needs your weather-service API key. Any "
+                   "key will do here; it is encrypted and never shown to the assistant."})
+    outcome = elicitations.create(
+        session, SystemClock(), elicitations.Caller(client, None),
+        request, catalog=load_catalog(catalog_path(settings)), payments_enabled=False,
+        public_url=settings.public_url, idempotency_key=None, request_digest="")
+    url: str = outcome.body["url"]
+    return url
 
 
 @click.command()
@@ -131,15 +145,23 @@ def demo(port: int) -> None:
     # The receiver's address is known only once it listens: the worker that
     # `serve` starts reads it from the environment.
     probe = _start_receiver("")
-    os.environ[env_name("outbound_allow_insecure_hosts")] = probe
+    # Added to the hosts already allowed (an OpenID Connect provider or an MCP
+    # server on this machine, say), not in their place.
+    allowed = env_name("outbound_allow_insecure_hosts")
+    os.environ[allowed] = ",".join(filter(None, (os.environ.get(allowed), probe)))
     settings = cli.settings()
     link, password, secret = _seed(settings, probe)
     Receiver.secret = secret
     click.echo()
-    click.secho("The gateway demo is ready. Open the link, log in, enter any key:", bold=True)
-    click.echo(f"open:     {link}")
-    click.echo(f"user:     {DEMO_USER}")
-    click.echo(f"password: {password}")
+    if link is None:
+        click.secho(f"The gateway demo is ready. Users log in at {settings.oidc_issuer}.",
+                    bold=True)
+    else:
+        click.secho("The gateway demo is ready. Open the link, log in, enter any key:",
+                    bold=True)
+        click.echo(f"open:     {link}")
+        click.echo(f"user:     {DEMO_USER}")
+        click.echo(f"password: {password}")
     click.echo("Webhooks to the demo MCP server are verified and printed below. "
                "Ctrl-C stops it.")
     click.echo()

@@ -3,17 +3,12 @@ and its tools against the served gateway."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import secrets
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
 
 import anyio
 import pytest
-import requests
 from mcp import Client
 from mcp.server.auth.middleware.auth_context import auth_context_var
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
@@ -21,7 +16,7 @@ from mcp.server.auth.provider import AccessToken
 from mcp_types import ElicitRequestURLParams, ElicitResult, TextContent
 
 from tests.client.conftest import ServedGateway, User
-from tests.oidc.fixtures import OidcProvider, new_session
+from tests.oidc.fixtures import OidcProvider
 
 pytestmark = pytest.mark.slow
 
@@ -31,31 +26,10 @@ import weather_server  # noqa: E402
 KEY = "wx-live-7f3a9c2e5b1d4a6f8e0c"
 
 
-def id_token_of(provider: OidcProvider, username: str) -> str:
-    """Sign in as ``username`` (authorization code flow) and return the ID token."""
-    metadata = provider.metadata()
-    verifier = secrets.token_urlsafe(48)
-    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest())
-    query = urlencode({"client_id": provider.client_id, "response_type": "code",
-                       "scope": "openid", "redirect_uri": provider.redirect_uri,
-                       "state": secrets.token_urlsafe(8), "nonce": secrets.token_urlsafe(8),
-                       "code_challenge": challenge.decode().rstrip("="),
-                       "code_challenge_method": "S256"})
-    back = provider.login(new_session(), f"{metadata['authorization_endpoint']}?{query}", username)
-    code = parse_qs(urlsplit(back).query)["code"][0]
-    answer = requests.post(metadata["token_endpoint"], timeout=10, data={
-        "grant_type": "authorization_code", "code": code, "redirect_uri": provider.redirect_uri,
-        "client_id": provider.client_id, "client_secret": provider.client_secret,
-        "code_verifier": verifier})
-    assert answer.ok, answer.text
-    token: str = answer.json()["id_token"]
-    return token
-
-
 def test_the_verifier_accepts_the_providers_tokens_and_nothing_else(
     oidc_provider: OidcProvider,
 ) -> None:
-    token = id_token_of(oidc_provider, "alice")
+    token = oidc_provider.id_token("alice")
     verifier = weather_server.OidcJwtVerifier(oidc_provider.issuer, oidc_provider.client_id)
     checked = verifier.check(token)
     assert checked is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +13,7 @@ import requests
 
 from gateway.serving.tls import dev_certificate_paths
 from tests.integration.conftest import GATEWAY, free_port
+from tests.oidc.fixtures import OidcProvider
 
 pytestmark = pytest.mark.slow
 
@@ -20,22 +21,34 @@ _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 
 @pytest.fixture
-def demo(cli_environ: dict[str, str], tmp_path: Path) -> Iterator[tuple[Path, int]]:
-    port = free_port()
-    log = tmp_path / "demo.log"
-    environ = {k: v for k, v in cli_environ.items() if k != "GATEWAY_PUBLIC_URL"}
-    with log.open("w") as handle:
-        process = subprocess.Popen([*GATEWAY, "demo", "--port", str(port)], env=environ,
-                                   cwd=tmp_path, stdout=handle, stderr=subprocess.STDOUT)
-    try:
-        yield log, port
-    finally:
+def start_demo(cli_environ: dict[str, str],
+               tmp_path: Path) -> Iterator[Callable[..., tuple[Path, int]]]:
+    """Start ``gateway demo`` (with these settings added); its log and port."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(**settings: str) -> tuple[Path, int]:
+        port = free_port()
+        log = tmp_path / "demo.log"
+        environ = {k: v for k, v in cli_environ.items() if k != "GATEWAY_PUBLIC_URL"}
+        with log.open("w") as handle:
+            started.append(subprocess.Popen(
+                [*GATEWAY, "demo", "--port", str(port)], env={**environ, **settings},
+                cwd=tmp_path, stdout=handle, stderr=subprocess.STDOUT))
+        return log, port
+
+    yield start
+    for process in started:
         process.terminate()
         try:
             process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture
+def demo(start_demo: Callable[..., tuple[Path, int]]) -> tuple[Path, int]:
+    return start_demo()
 
 
 def wait_for(log: Path, pattern: str, timeout: float = 60) -> re.Match[str]:
@@ -75,3 +88,28 @@ def test_the_demo_flow_works_as_a_newcomer_would_use_it(
     event = wait_for(log, r"webhook verified: elicitation\.completed (.*)\n", timeout=30)
     assert '"hint": "…0042"' in event[1]
     assert "demo-weather-key-0042" not in log.read_text()
+
+
+def test_with_the_openid_connect_login_users_sign_in_at_the_provider(
+    start_demo: Callable[..., tuple[Path, int]], instance_path: Path,
+    oidc_provider: OidcProvider,
+) -> None:
+    provider_host = oidc_provider.issuer.removeprefix("http://")
+    log, port = start_demo(
+        GATEWAY_LOGIN_BACKEND="oidc", GATEWAY_OIDC_ISSUER=oidc_provider.issuer,
+        GATEWAY_OIDC_CLIENT_ID=oidc_provider.client_id,
+        GATEWAY_OIDC_CLIENT_SECRET=oidc_provider.client_secret,
+        # The demo adds its webhook receiver to these; it must not drop them.
+        GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS=provider_host)
+    wait_for(log, rf"Users log in at {re.escape(oidc_provider.issuer)}\.\n")
+    wait_for(log, r"Booting worker")
+    # No local user, no password and no link for somebody the provider does not know.
+    assert "password:" not in log.read_text()
+    assert "open:" not in log.read_text()
+
+    browser = requests.Session()
+    browser.trust_env = False
+    browser.verify = str(dev_certificate_paths(instance_path)[0])
+    login = browser.get(f"https://localhost:{port}/login", timeout=10, allow_redirects=False)
+    assert login.status_code in (302, 303), login.text[:500]
+    assert login.headers["Location"].startswith(f"{oidc_provider.issuer}/")

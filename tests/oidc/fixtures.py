@@ -10,10 +10,13 @@ directory describes the provider, its login pages and its test endpoints.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import queue
+import secrets
 import shutil
+import socket
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, NoReturn
-from urllib.parse import urljoin
+from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import pytest
 import requests
@@ -34,6 +37,7 @@ CLIENT_ID = "gateway"
 CLIENT_SECRET = "gateway-test-client-secret-" + "c" * 24
 OTHER_CLIENT_ID = "other-app"
 OTHER_CLIENT_SECRET = "other-app-test-client-secret-" + "o" * 24
+OTHER_REDIRECT_URI = "https://other-app.test/callback"
 REDIRECT_URIS = ("https://gateway.test/login/callback",)
 POST_LOGOUT_REDIRECT_URIS = ("https://gateway.test/",)
 ACCOUNTS = ("alice", "bob", "carol")
@@ -141,6 +145,9 @@ class OidcProvider:
     client_secret: str = CLIENT_SECRET
     other_client_id: str = OTHER_CLIENT_ID
     other_client_secret: str = OTHER_CLIENT_SECRET
+    # Its own redirect URI, then a loopback one where a native-style client
+    # (examples/weather_client.py) can receive the code.
+    other_redirect_uris: tuple[str, ...] = (OTHER_REDIRECT_URI,)
     accounts: tuple[str, ...] = ACCOUNTS
     password: str = PASSWORD
     faults: tuple[str, ...] = ID_TOKEN_FAULTS
@@ -282,6 +289,34 @@ class OidcProvider:
             url = action
         raise OidcLoginError(f"no redirect back to the client after {max_steps} steps")
 
+    def id_token(self, username: str, *, client_id: str = CLIENT_ID) -> str:
+        """Sign ``username`` in to a client (authorization code with PKCE); its ID token.
+
+        ``client_id`` is the gateway's client (the default) or ``other_client_id``.
+        """
+        secret, redirect_uri = {
+            self.client_id: (self.client_secret, self.redirect_uri),
+            self.other_client_id: (self.other_client_secret, self.other_redirect_uris[0]),
+        }[client_id]
+        metadata = self.metadata()
+        verifier = secrets.token_urlsafe(48)
+        challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest())
+        query = urlencode({"client_id": client_id, "response_type": "code", "scope": "openid",
+                           "redirect_uri": redirect_uri, "state": secrets.token_urlsafe(8),
+                           "nonce": secrets.token_urlsafe(8),
+                           "code_challenge": challenge.decode().rstrip("="),
+                           "code_challenge_method": "S256"})
+        back = self.login(new_session(), f"{metadata['authorization_endpoint']}?{query}",
+                          username)
+        code = parse_qs(urlsplit(back).query)["code"][0]
+        answer = new_session().post(metadata["token_endpoint"], timeout=HTTP_TIMEOUT, data={
+            "grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri,
+            "client_id": client_id, "client_secret": secret, "code_verifier": verifier})
+        if answer.status_code != 200:
+            raise OidcLoginError(f"token endpoint: {answer.status_code} {answer.text}")
+        token: str = answer.json()["id_token"]
+        return token
+
     def logout(self, session: requests.Session, end_session_url: str) -> str | None:
         """Confirm an RP-initiated logout at the provider (its end_session_endpoint).
 
@@ -318,6 +353,13 @@ def _read_lines(stream: Any, lines: queue.Queue[str | None]) -> None:
     lines.put(None)
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
 @pytest.fixture(scope="session")
 def oidc_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcProvider]:
     """oidc-provider on 127.0.0.1 (plain HTTP), running for the whole test session."""
@@ -327,10 +369,12 @@ def oidc_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcProv
     _ensure_node_modules()
 
     log_path = tmp_path_factory.mktemp("oidc") / "provider.log"
+    other_redirect_uris = (OTHER_REDIRECT_URI, f"http://127.0.0.1:{_free_port()}/callback")
     env = {
         **os.environ,
         "OIDC_CLIENT_SECRET": CLIENT_SECRET,
         "OIDC_OTHER_CLIENT_SECRET": OTHER_CLIENT_SECRET,
+        "OIDC_OTHER_REDIRECT_URIS": " ".join(other_redirect_uris),
         "OIDC_REDIRECT_URIS": " ".join(REDIRECT_URIS),
         "OIDC_POST_LOGOUT_REDIRECT_URIS": " ".join(POST_LOGOUT_REDIRECT_URIS),
         "NO_COLOR": "1",
@@ -358,7 +402,8 @@ def oidc_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcProv
                 f"the OpenID Connect provider did not start (stdout: {line!r}):\n"
                 + log_path.read_text(errors="replace")
             )
-        yield OidcProvider(issuer=line.split()[1], log_path=log_path, process=process)
+        yield OidcProvider(issuer=line.split()[1], log_path=log_path, process=process,
+                           other_redirect_uris=other_redirect_uris)
     finally:
         process.terminate()
         try:

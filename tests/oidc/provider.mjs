@@ -8,6 +8,7 @@
 //   OIDC_REDIRECT_URIS              its redirect_uris, separated by spaces
 //   OIDC_POST_LOGOUT_REDIRECT_URIS  its post_logout_redirect_uris, separated by spaces
 //   OIDC_OTHER_CLIENT_SECRET        secret of the second client "other-app"
+//   OIDC_OTHER_REDIRECT_URIS        its redirect_uris, separated by spaces
 //
 // Prints "READY <issuer>" on stdout once listening, logs each request to
 // stderr, and exits on SIGTERM or SIGINT. README.md describes the login pages
@@ -36,6 +37,7 @@ if (!Number.isInteger(requestedPort) || requestedPort < 0 || requestedPort > 655
 
 const clientSecret = process.env.OIDC_CLIENT_SECRET || 'gateway-test-client-secret';
 const otherSecret = process.env.OIDC_OTHER_CLIENT_SECRET || 'other-app-test-client-secret';
+const otherRedirects = words(process.env.OIDC_OTHER_REDIRECT_URIS, ['https://other-app.test/callback']);
 const initialRedirects = {
   redirect_uris: words(process.env.OIDC_REDIRECT_URIS, ['https://gateway.test/login/callback']),
   post_logout_redirect_uris: words(process.env.OIDC_POST_LOGOUT_REDIRECT_URIS, ['https://gateway.test/']),
@@ -105,7 +107,7 @@ function resetClients() {
     response_types: ['code'],
     token_endpoint_auth_method: 'client_secret_basic',
     id_token_signed_response_alg: 'RS256',
-    redirect_uris: ['https://other-app.test/callback'],
+    redirect_uris: [...otherRedirects],
   });
 }
 resetClients();
