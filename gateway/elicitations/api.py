@@ -11,10 +11,11 @@ from pydantic import TypeAdapter
 from sqlalchemy.exc import IntegrityError
 
 from gateway import db
+from gateway.clients.models import ClientIdentity
 from gateway.credentials.catalog import current_catalog
-from gateway.elicitations import service
+from gateway.elicitations import lifecycle, service
 from gateway.elicitations.lifecycle import TERMINAL, Status
-from gateway.elicitations.models import Elicitation
+from gateway.elicitations.models import Elicitation, ElicitationSnapshot
 from gateway.elicitations.schemas import Issuer, SubjectId, create_adapter
 from gateway.elicitations.waiting import WaitHub
 from gateway.errors import InvalidInput
@@ -31,13 +32,14 @@ _STATUSES: Final = frozenset(s.value for s in Status)
 _KINDS: Final = frozenset({"api_key", "payment"})
 _ISSUER: Final = TypeAdapter[str](Issuer)
 _SUBJECT_ID: Final = TypeAdapter[str](SubjectId)
+AnyElicitation = Elicitation | ElicitationSnapshot
 
 
 def _caller() -> service.Caller:
     return service.Caller(current_client(), request.remote_addr)
 
 
-def _answer(elicitation: Elicitation, status: int = 200) -> tuple[Response, int]:
+def _answer(elicitation: AnyElicitation, status: int = 200) -> tuple[Response, int]:
     now = current_clock().now()
     return jsonify(service.represent(elicitation, current_settings().public_url, now)), status
 
@@ -77,16 +79,24 @@ def read(elicitation_id: str) -> tuple[Response, int]:
     """One elicitation; with ``?wait=N``, held until it ends or N seconds pass."""
     wait = _wait_seconds()
     client = current_client()
-    with db.transaction() as session:
-        elicitation = service.get(session, current_clock(), client, elicitation_id)
+    elicitation = _current_state(client, elicitation_id)
     if wait and elicitation.status not in TERMINAL:
         _hold(elicitation, wait)
-        with db.transaction() as session:
-            elicitation = service.get(session, current_clock(), client, elicitation_id)
+        elicitation = _current_state(client, elicitation_id)
     return _answer(elicitation)
 
 
-def _hold(elicitation: Elicitation, wait: float) -> None:
+def _current_state(client: ClientIdentity, elicitation_id: str) -> AnyElicitation:
+    # Most reads find the elicitation as stored; only an overdue one is loaded
+    # to be marked expired (in its own transaction, with its audit row).
+    with db.transaction() as session:
+        snapshot = service.peek(session, client, elicitation_id)
+        if not lifecycle.is_overdue(snapshot, current_clock().now()):
+            return snapshot
+        return service.get(session, current_clock(), client, elicitation_id)
+
+
+def _hold(elicitation: AnyElicitation, wait: float) -> None:
     # The database connection goes back to the pool while this thread waits.
     db.session().close()
     until_expiry = (elicitation.expires_at - current_clock().now()).total_seconds()

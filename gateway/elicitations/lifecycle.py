@@ -26,7 +26,7 @@ from gateway import changes
 from gateway.audit import service as audit
 from gateway.clients.models import Client
 from gateway.clock import Clock
-from gateway.elicitations.models import Elicitation
+from gateway.elicitations.models import Elicitation, ElicitationSnapshot
 from gateway.errors import Conflict
 from gateway.webhooks import outbox
 
@@ -58,7 +58,7 @@ class IllegalTransition(Conflict):
     title = "Not possible in this state"
 
 
-def is_overdue(elicitation: Elicitation, now: datetime) -> bool:
+def is_overdue(elicitation: Elicitation | ElicitationSnapshot, now: datetime) -> bool:
     """Whether the elicitation is still open although its time is up."""
     return elicitation.status in OPEN and now >= elicitation.expires_at
 

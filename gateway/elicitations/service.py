@@ -6,22 +6,24 @@ every state change happens through :mod:`gateway.elicitations.lifecycle`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, bindparam, insert, or_, select
 from sqlalchemy.orm import Session
 
 from gateway.audit import service as audit
 from gateway.clients.models import ClientIdentity
 from gateway.clock import Clock
 from gateway.credentials.catalog import Catalog
+from gateway.db import UTCDateTime
 from gateway.elicitations import lifecycle
 from gateway.elicitations.lifecycle import OPEN, Status
-from gateway.elicitations.models import Elicitation, IdempotencyRecord
+from gateway.elicitations.models import Elicitation, ElicitationSnapshot, IdempotencyRecord
 from gateway.elicitations.schemas import (
     ELICITATION_ID,
     CreateApiKeyElicitation,
@@ -139,17 +141,17 @@ def _check_allowed(client: ClientIdentity, request: Create, catalog: Catalog,
 
 
 def _reusable(session: Session, client: ClientIdentity, request: Create,
-              now: datetime) -> Elicitation | None:
-    query = select(Elicitation).where(
-        Elicitation.client_id == client.id,
-        Elicitation.subject_iss == request.subject.iss,
-        Elicitation.subject_sub == request.subject.sub,
-        Elicitation.kind == request.kind,
-        Elicitation.status.in_([s.value for s in OPEN]),
-        Elicitation.expires_at > now,
-    ).order_by(Elicitation.created_at.desc())
+              now: datetime) -> ElicitationSnapshot | None:
+    rows = session.execute(_REUSABLE, {
+        "client_id": client.id, "subject_iss": request.subject.iss,
+        "subject_sub": request.subject.sub, "kind": request.kind, "now": now})
+    # Newest first, sorted here rather than in SQL: an ORDER BY created_at
+    # leads SQLite's planner to the (client_id, created_at) index, which scans
+    # every elicitation the client ever made instead of the few of one subject.
     payment = _payment_fields(request)
-    for candidate in session.scalars(query):
+    candidates = sorted((ElicitationSnapshot(**row._asdict()) for row in rows),
+                        key=lambda e: e.created_at, reverse=True)
+    for candidate in candidates:
         if candidate.credential_type == _credential_type(request) and \
                 candidate.payment == payment:
             return candidate
@@ -157,8 +159,8 @@ def _reusable(session: Session, client: ClientIdentity, request: Create,
 
 
 def _insert(session: Session, clock: Clock, caller: Caller, request: Create,
-            now: datetime) -> Elicitation:
-    elicitation = Elicitation(
+            now: datetime) -> ElicitationSnapshot:
+    elicitation = ElicitationSnapshot(
         # 144 random bits: the id is the URL, so it must not be guessable.
         id=new_id("el_", 18),
         client_id=caller.client.id,
@@ -172,8 +174,13 @@ def _insert(session: Session, clock: Clock, caller: Caller, request: Create,
         status=Status.PENDING.value,
         created_at=now,
         expires_at=now + timedelta(seconds=request.ttl_seconds),
+        opened_at=None,
+        ended_at=None,
     )
-    session.add(elicitation)
+    # A plain INSERT: nothing in this transaction changes the row afterwards.
+    values = {field: getattr(elicitation, field) for field in _SNAPSHOT_FIELDS}
+    values["metadata"] = values.pop("metadata_")
+    session.execute(_INSERT, values)
     audit.record(session, clock, actor=caller.actor, action="elicitation.created",
                  target=elicitation.id, source_ip=caller.source_ip,
                  details={"client_id": caller.client.id, "kind": request.kind,
@@ -205,6 +212,41 @@ def get(session: Session, clock: Clock, client: ClientIdentity, elicitation_id: 
         raise NotFound(f"no elicitation {elicitation_id!r}")
     expire_if_overdue(session, clock, elicitation)
     return elicitation
+
+
+def peek(session: Session, client: ClientIdentity, elicitation_id: str) -> ElicitationSnapshot:
+    """The client's elicitation as stored, read without loading an ORM object.
+
+    Unlike :func:`get` it leaves an overdue elicitation as it is; the caller
+    checks :func:`lifecycle.is_overdue` and calls :func:`get` to mark it.
+    """
+    row = None
+    if _ELICITATION_ID.fullmatch(elicitation_id):
+        row = session.execute(_PEEK, {"id": elicitation_id}).one_or_none()
+    if row is None or row.client_id != client.id:
+        raise NotFound(f"no elicitation {elicitation_id!r}")
+    return ElicitationSnapshot(**row._asdict())
+
+
+_TABLE: Final = Elicitation.metadata.tables[Elicitation.__tablename__]
+_COLUMNS: Final = _TABLE.c
+_SNAPSHOT_FIELDS: Final = tuple(field.name for field in dataclasses.fields(ElicitationSnapshot))
+# Built once; the labels are ElicitationSnapshot's field names.
+_PEEK_ANY: Final = select(*(
+    _COLUMNS.metadata.label(name) if name == "metadata_" else _COLUMNS[name]
+    for name in _SNAPSHOT_FIELDS
+))
+_PEEK: Final = _PEEK_ANY.where(_COLUMNS.id == bindparam("id"))
+_INSERT: Final = insert(_TABLE)
+# Still-open elicitations of one client, subject and kind, for the reuse rule.
+_REUSABLE: Final = _PEEK_ANY.where(
+    _COLUMNS.client_id == bindparam("client_id"),
+    _COLUMNS.subject_iss == bindparam("subject_iss"),
+    _COLUMNS.subject_sub == bindparam("subject_sub"),
+    _COLUMNS.kind == bindparam("kind"),
+    _COLUMNS.status.in_([s.value for s in OPEN]),
+    _COLUMNS.expires_at > bindparam("now", type_=UTCDateTime),
+)
 
 
 def _load(session: Session, elicitation_id: str) -> Elicitation | None:
@@ -298,7 +340,8 @@ def url_of(elicitation_id: str, public_url: str) -> str:
     return f"{public_url}/e/{elicitation_id}"
 
 
-def represent(elicitation: Elicitation, public_url: str, now: datetime) -> dict[str, Any]:
+def represent(elicitation: Elicitation | ElicitationSnapshot, public_url: str,
+              now: datetime) -> dict[str, Any]:
     """The API's JSON view of an elicitation."""
     url = url_of(elicitation.id, public_url)
     status = Status.EXPIRED.value if lifecycle.is_overdue(elicitation, now) \

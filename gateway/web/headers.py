@@ -110,14 +110,28 @@ def init_app(app: Flask, settings: Settings) -> None:
 
 def _add_headers(response: Response) -> Response:
     view = current_app.view_functions.get(request.endpoint or "")
-    extra = dict(getattr(view, _EXTRA_ATTRIBUTE, {}))
-    for directive, sources in g.get(_EXTRA_ATTRIBUTE, {}).items():
-        extra[directive] = (*extra.get(directive, ()), *sources)
-    response.headers["Content-Security-Policy"] = build_csp(csp_nonce(), extra)
+    extra: dict[str, tuple[str, ...]] = getattr(view, _EXTRA_ATTRIBUTE, {})
+    if _EXTRA_ATTRIBUTE in g:
+        extra = dict(extra)
+        for directive, sources in g.get(_EXTRA_ATTRIBUTE, {}).items():
+            extra[directive] = (*extra.get(directive, ()), *sources)
+    response.headers["Content-Security-Policy"] = _csp_for(csp_nonce(), extra)
+    headers = response.headers
     for name, value in STATIC_HEADERS.items():
-        response.headers[name] = value
+        headers[name] = value
     is_static = request.endpoint == "static" and response.status_code < 400
-    response.headers["Cache-Control"] = STATIC_CACHE if is_static else NO_STORE
+    headers["Cache-Control"] = STATIC_CACHE if is_static else NO_STORE
     if not is_static:
-        response.headers["Pragma"] = "no-cache"
+        headers["Pragma"] = "no-cache"
     return response
+
+
+def _csp_for(nonce: str, extra: dict[str, tuple[str, ...]]) -> str:
+    # Every response gets a policy; most get the plain one, so its text is
+    # built once and only the nonce is put in per response.
+    if not extra:
+        return _PLAIN_CSP_HEAD + nonce + _PLAIN_CSP_TAIL
+    return build_csp(nonce, extra)
+
+
+_PLAIN_CSP_HEAD, _PLAIN_CSP_TAIL = build_csp(NONCE).split(NONCE)

@@ -28,11 +28,9 @@ EVENTS: Table = AuditEvent.__table__  # type: ignore[assignment]
 def record_one(engine: Engine) -> int:
     """Write one audit record the way the gateway does; its id."""
     with sessionmaker(engine).begin() as session:
-        event = audit.record(session, SystemClock(), actor="operator:root",
-                             action="client.created", target="cl_weather",
-                             details={"name": "Weather MCP"})
-        session.flush()
-        return event.id
+        return audit.record(session, SystemClock(), actor="operator:root",
+                            action="client.created", target="cl_weather",
+                            details={"name": "Weather MCP"})
 
 
 def stored(engine: Engine, event_id: int) -> Any:
