@@ -6,7 +6,10 @@ and (later) its outbox row commit together or not at all.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -58,6 +61,7 @@ class UTCDateTime(TypeDecorator[datetime]):
 SQLITE_BUSY_TIMEOUT_S = 15.0
 _WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
 _HOLDS_WRITE_LOCK = "gateway.write_lock"
+_HOLDS_FILE_LOCK = "gateway.write_file_lock"
 
 
 def make_engine(database_url: str, **options: Any) -> Engine:
@@ -85,33 +89,90 @@ def _tune_sqlite(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
 
 
 def _serialize_sqlite_writers(engine: Engine) -> None:
-    """Let one thread of the process write at a time; the others queue on a lock.
+    """Let one thread of all the processes on the file write at a time; the others queue.
 
     SQLite has one writer. A thread that finds the write lock taken sleeps in
     SQLite's busy handler, in steps growing to 100 ms, so under concurrent
     writes the lock sits free while the waiters sleep, and the writer holding
-    it waits for the GIL between its statements. Queued on a Python lock
-    instead, the next writer starts the moment the last one is done. The lock
-    is taken before a transaction's first write and given back when its
-    connection returns to the pool (after the commit or rollback). Past the
-    busy timeout a writer goes ahead unqueued, so SQLite's own locking (and
-    its "database is locked") stays the last word.
+    it waits for the GIL between its statements. Queued instead, the next
+    writer starts the moment the last one is done: threads of one process on
+    a Python lock, and the one thread per process holding it on a lock file
+    beside the database, shared by every process that writes to the file
+    (gunicorn's workers, the worker, the CLI). Each lock is taken before a
+    transaction's first write and given back when its connection returns to
+    the pool (after the commit or rollback). Past the busy timeout a writer
+    goes ahead unqueued, so SQLite's own locking (and its "database is
+    locked") stays the last word.
     """
-    lock = threading.Lock()
+    thread_lock = threading.Lock()
+    file_lock = _WriterFileLock.beside(engine.url.database)
 
     def before_write(connection: Connection, cursor: Any, statement: str, *args: Any) -> None:
         info = connection.info
         if info.get(_HOLDS_WRITE_LOCK) or not statement.lstrip()[:7].upper().startswith(_WRITES):
             return
-        info[_HOLDS_WRITE_LOCK] = lock.acquire(timeout=SQLITE_BUSY_TIMEOUT_S)
+        deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+        if not thread_lock.acquire(timeout=SQLITE_BUSY_TIMEOUT_S):
+            return
+        info[_HOLDS_WRITE_LOCK] = True
+        if file_lock is not None:
+            info[_HOLDS_FILE_LOCK] = file_lock.acquire(deadline)
 
     def after_transaction(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        if record.info.pop(_HOLDS_FILE_LOCK, False) and file_lock is not None:
+            file_lock.release()
         if record.info.pop(_HOLDS_WRITE_LOCK, False):
-            lock.release()
+            thread_lock.release()
 
     event.listen(engine, "before_cursor_execute", before_write)
     event.listen(engine.pool, "checkin", after_transaction)
     event.listen(engine.pool, "detach", after_transaction)
+
+
+class _WriterFileLock:
+    """An exclusive ``flock`` on ``<database>-writer.lock``, polled until a deadline.
+
+    Polled rather than blocking so that a writer stuck in another process
+    costs at most the busy timeout here too. The lock dies with its process,
+    so a crashed writer never leaves it taken. Only the thread holding the
+    process's writer lock touches it.
+
+    The file is opened on first use in each process: a ``flock`` belongs to
+    the open file, so a descriptor inherited across a fork (gunicorn's
+    workers) would let parent and child hold "the" lock at once.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._fd = -1
+        self._pid = 0
+
+    def _descriptor(self) -> int:
+        if self._pid != os.getpid():
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._pid = os.getpid()
+        return self._fd
+
+    @classmethod
+    def beside(cls, database: str | None) -> _WriterFileLock | None:
+        if not database or database == ":memory:" or database.startswith("file:"):
+            return None  # no file, or a URI form whose path is not ours to guess
+        return cls(f"{database}-writer.lock")
+
+    def acquire(self, deadline: float) -> bool:
+        pause = 0.0002
+        while True:
+            try:
+                fcntl.flock(self._descriptor(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(pause)
+                pause = min(pause * 2, 0.002)
+
+    def release(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
 
 
 def init_app(app: Flask, database_url: str) -> None:

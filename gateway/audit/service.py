@@ -40,7 +40,9 @@ def record(
         "outcome": outcome,
         "details": details or {},
     })
-    event_id: int = result.inserted_primary_key[0]
+    key = result.inserted_primary_key
+    assert key is not None  # a single-row INSERT always reports its key
+    event_id: int = key[0]
     return event_id
 
 
