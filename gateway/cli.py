@@ -9,12 +9,14 @@ from __future__ import annotations
 import getpass
 import importlib
 import json
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, NoReturn
 
 import click
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway import __version__
@@ -57,8 +59,28 @@ def settings() -> Settings:
         except (SettingsError, FileError) as error:
             fail(str(error))
         context.meta["gateway.settings"] = cached
+        _start_logging(cached, context)
     result: Settings = cached
     return result
+
+
+def _start_logging(settings: Settings, context: click.Context) -> None:
+    # Every command that reads the settings logs the way they say, to stderr:
+    # stdout stays for what the command prints (a secret shown once, --json).
+    from gateway import logs
+
+    logs.configure(settings)
+    logging.getLogger(__name__).debug("%s: database %s, log format %s", context.command_path,
+                                      _printable_database(settings.database_url),
+                                      settings.log_format)
+
+
+def _printable_database(url: str) -> str:
+    """The database URL without its password, for a log line."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "(not a database URL)"
 
 
 def operator() -> str:

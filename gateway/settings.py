@@ -87,10 +87,13 @@ class Settings:
     stripe_api_base: str | None = None
     outbound_allow_insecure_hosts: tuple[str, ...] = ()
     log_level: str = "info"
+    log_format: str = "text"
     credential_types_file: Path | None = None
     session_idle_minutes: int = 15
     webhook_secret_grace_hours: int = 24
     webhook_concurrency: int = 8
+    webhook_send_timeout_seconds: int = 15
+    webhook_lease_seconds: int = 60
     metrics_networks: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
     metrics_token: Secret | None = None
     session_max_hours: int = 8
@@ -251,6 +254,7 @@ def _validate(values: dict[str, Any]) -> Settings:
         values["database_url"] = f"sqlite:///{(instance_path / 'gateway.db').resolve()}"
     _check_choice(values, "login_backend", ("local", "oidc"))
     _check_choice(values, "log_level", ("debug", "info", "warning", "error"))
+    _check_choice(values, "log_format", ("text", "json"))
     for network in values.get("metrics_networks", ()):
         try:
             ipaddress.ip_network(network)
@@ -261,9 +265,11 @@ def _validate(values: dict[str, Any]) -> Settings:
         raise SettingsError(env_name("webhook_secret_grace_hours"), "must be 0 or more")
     if values.get("proxy_hops", 0) < 0:
         raise SettingsError(env_name("proxy_hops"), "must be 0 or more")
-    for key in ("session_idle_minutes", "session_max_hours", "webhook_concurrency"):
+    for key in ("session_idle_minutes", "session_max_hours", "webhook_concurrency",
+                "webhook_send_timeout_seconds", "webhook_lease_seconds"):
         if values.get(key, 1) < 1:
             raise SettingsError(env_name(key), "must be 1 or more")
+    _check_lease(values)
     if values.get("login_backend") == "oidc":
         for key in ("oidc_issuer", "oidc_client_id", "oidc_client_secret"):
             if not values.get(key):
@@ -276,6 +282,18 @@ def _validate(values: dict[str, Any]) -> Settings:
     if bool(values.get("tls_certfile")) != bool(values.get("tls_keyfile")):
         raise SettingsError(env_name("tls_keyfile"), "set both TLS files or neither")
     return Settings(**values)
+
+
+def _check_lease(values: dict[str, Any]) -> None:
+    # A claimed delivery may wait one send for a free thread, then take one
+    # send itself: the lease must outlast both with room to spare, or a live
+    # worker's deliveries would be taken over and sent twice.
+    timeout_key, lease_key = "webhook_send_timeout_seconds", "webhook_lease_seconds"
+    timeout = values.get(timeout_key, FIELDS[timeout_key].default)
+    lease = values.get(lease_key, FIELDS[lease_key].default)
+    if lease <= 3 * timeout:
+        raise SettingsError(env_name(lease_key), f"must be more than three times "
+                            f"{env_name(timeout_key)} ({timeout}); got {lease}")
 
 
 def check_public_url(url: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from datetime import timedelta
 from types import FrameType
 from typing import Final
 
@@ -60,7 +61,9 @@ def _dispatcher(settings: Settings) -> Dispatcher:
         log.warning("OUTBOUND GUARD RELAXED for %s (GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS): "
                     "development only", ", ".join(sorted(policy.insecure_hosts)))
     return Dispatcher(engine, SystemClock(), keyring, policy,
-                      concurrency=settings.webhook_concurrency)
+                      concurrency=settings.webhook_concurrency,
+                      send_timeout=settings.webhook_send_timeout_seconds,
+                      lease=timedelta(seconds=settings.webhook_lease_seconds))
 
 
 @click.command()
@@ -68,9 +71,7 @@ def _dispatcher(settings: Settings) -> Dispatcher:
               help="Sweep once and send what is due now, then exit (for cron or tests).")
 def worker(once: bool) -> None:
     """Send webhooks and expire elicitations whose time is up."""
-    settings = cli.settings()
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = cli.settings()  # which also starts logging as the settings say
     engine = make_engine(settings.database_url)
     factory = sessionmaker(engine, expire_on_commit=False)
     dispatcher = _dispatcher(settings)

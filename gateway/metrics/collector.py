@@ -22,7 +22,11 @@ from gateway.webhooks.models import WebhookAttempt, WebhookEvent
 
 LATENCY_BUCKETS_MS: Final = (25, 50, 100, 250, 500, 1000, 2500, 5000, 15000)
 COMPLETION_BUCKETS_S: Final = (10, 30, 60, 120, 300, 600, 1800, 3600, 86400)
-# Time to complete is taken over the recent past, not the whole history.
+# From the change to the receiver: under a second when the first attempt
+# lands, minutes to hours when the retry schedule had to step in.
+DELIVERED_AFTER_BUCKETS_S: Final = (0.1, 0.5, 1, 5, 30, 300, 1800, 7200, 36000, 86400)
+# Durations (to complete, to deliver) are taken over the recent past, not
+# the whole history.
 COMPLETION_WINDOW: Final = timedelta(days=1)
 
 
@@ -46,8 +50,10 @@ class DatabaseCollector(Collector):
                 elicitations.add_metric([kind, status], count)
             yield elicitations
 
-            yield _completion_histogram(connection.execute(
-                select(Elicitation.created_at, Elicitation.ended_at).where(
+            yield _duration_histogram(
+                "gateway_elicitation_completion_seconds",
+                "Time from creation to completion, over the last day", COMPLETION_BUCKETS_S,
+                connection.execute(select(Elicitation.created_at, Elicitation.ended_at).where(
                     Elicitation.status == "completed",
                     Elicitation.ended_at >= now - COMPLETION_WINDOW)).all())
 
@@ -61,6 +67,14 @@ class DatabaseCollector(Collector):
             yield attempts
 
             yield _latency_histogram(connection)
+            yield _duration_histogram(
+                "gateway_webhook_delivered_after_seconds",
+                "Time from the change a webhook reports to its delivery, over the last day",
+                DELIVERED_AFTER_BUCKETS_S,
+                connection.execute(select(WebhookEvent.created_at, WebhookEvent.delivered_at)
+                                   .where(WebhookEvent.status == "delivered",
+                                          WebhookEvent.delivered_at >= now - COMPLETION_WINDOW))
+                .all())
 
             backlog, oldest, dead = connection.execute(select(
                 func.sum(case((WebhookEvent.status.in_(["pending", "delivering"]), 1),
@@ -92,15 +106,14 @@ def _aware(moment: datetime | str, now: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=now.tzinfo)
 
 
-def _completion_histogram(rows: Sequence[Any]) -> HistogramMetricFamily:
-    durations = [(ended - created).total_seconds() for created, ended in rows]
-    buckets = [(str(bound), sum(1 for d in durations if d <= bound))
-               for bound in COMPLETION_BUCKETS_S]
+def _duration_histogram(name: str, documentation: str, bounds: Sequence[float],
+                        rows: Sequence[Any]) -> HistogramMetricFamily:
+    """A histogram of the time between each row's two moments."""
+    durations = [(ended - started).total_seconds() for started, ended in rows]
+    buckets = [(str(bound), sum(1 for d in durations if d <= bound)) for bound in bounds]
     buckets.append(("+Inf", len(durations)))
-    return HistogramMetricFamily(
-        "gateway_elicitation_completion_seconds",
-        "Time from creation to completion, over the last day", buckets=buckets,
-        sum_value=sum(durations))
+    return HistogramMetricFamily(name, documentation, buckets=buckets,
+                                 sum_value=sum(durations))
 
 
 def _latency_histogram(connection: object) -> HistogramMetricFamily:

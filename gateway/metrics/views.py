@@ -8,13 +8,15 @@ from typing import Final
 
 from flask import Blueprint, Response, current_app, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
 from gateway import db
 from gateway.errors import NotFound
+from gateway.metrics import counters
 from gateway.metrics.collector import DatabaseCollector
 from gateway.settings import Settings
-from gateway.web.ratelimit import bearer_token
+from gateway.web.ratelimit import HITS_EXTENSION, bearer_token
 
 blueprint = Blueprint("metrics", __name__)
 EXTENSION: Final = "gateway.metrics"
@@ -25,6 +27,12 @@ def _registry() -> CollectorRegistry:
     if registry is None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(DatabaseCollector(db.engine(), current_app.extensions["gateway.clock"]))
+        folder = counters.multiprocess_folder()
+        if folder is not None:
+            # Every worker process's counters, this one's included.
+            MultiProcessCollector(registry, path=str(folder))  # type: ignore[no-untyped-call]
+        else:
+            registry.register(current_app.extensions[HITS_EXTENSION])
         current_app.extensions[EXTENSION] = registry
     return registry
 
@@ -44,7 +52,7 @@ def allowed(settings: Settings) -> bool:
 
 @blueprint.get("/metrics")
 def metrics() -> Response:
-    """Counts of elicitations, webhook deliveries, backlog and failed logins."""
+    """Counts of elicitations, webhook deliveries, backlog, failed logins, rate-limit hits."""
     if not allowed(current_app.extensions["gateway.settings"]):
         # Answered like a page that does not exist: no hint that it is here.
         raise NotFound("Not found")

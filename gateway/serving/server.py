@@ -17,10 +17,15 @@ from typing import Any
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 
+from gateway.metrics import counters
+from gateway.serving.access_log import GatewayLogger
 from gateway.settings import Settings
 
 # The access log shows the path without its query string: a client that puts
 # a token in a query string (refused anyway) must not have it written down.
+# The gateway's own GatewayLogger writes these fields (and the request id) in
+# the configured log format; gunicorn's stock logger, which the benchmark's
+# bare baseline runs with, uses this format string.
 ACCESS_LOG_FORMAT = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(M)sms'
 
 
@@ -104,6 +109,9 @@ class GatewayServer(BaseApplication):  # type: ignore[misc]
         for key, value in gunicorn_config(self._settings, self._options).items():
             if key in self.cfg.settings:  # older gunicorn lacks the newest keys
                 self.cfg.set(key, value)
+        # Set here, not in gunicorn_config: the benchmark's bare baseline runs
+        # that config and must not import the gateway.
+        self.cfg.set("logger_class", GatewayLogger)
 
     def load(self) -> Flask:
         from gateway.app import create_app
@@ -117,4 +125,5 @@ def run(settings: Settings, options: Options) -> None:
     logging.getLogger("gateway").info(
         "serving %s on %s://%s:%d", settings.public_url, scheme, options.host, options.port
     )
-    GatewayServer(settings, options).run()
+    with counters.shared_between_processes():
+        GatewayServer(settings, options).run()

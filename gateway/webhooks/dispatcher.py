@@ -49,6 +49,7 @@ SCHEDULE: Final = (timedelta(0), timedelta(seconds=5), timedelta(minutes=5),
                    timedelta(minutes=30), timedelta(hours=2), timedelta(hours=5),
                    timedelta(hours=10), timedelta(hours=10))
 JITTER: Final = 0.2
+# The defaults of GATEWAY_WEBHOOK_SEND_TIMEOUT_SECONDS and GATEWAY_WEBHOOK_LEASE_SECONDS.
 SEND_TIMEOUT_SECONDS: Final = 15.0
 # Longer than a send can take, so a live worker never loses its claim.
 LEASE: Final = timedelta(seconds=60)
@@ -107,10 +108,10 @@ class Dispatcher:
 
     def __init__(self, engine: Engine, clock: Clock, keyring: Keyring, policy: OutboundPolicy,
                  *, concurrency: int = 8, rng: random.Random | None = None,
-                 send_timeout: float = SEND_TIMEOUT_SECONDS) -> None:
-        # send_timeout is a parameter so that tests can time a send out in half
-        # a second instead of fifteen; production keeps the default.
-        if not 0 < send_timeout < LEASE.total_seconds() / 3:
+                 send_timeout: float = SEND_TIMEOUT_SECONDS, lease: timedelta = LEASE) -> None:
+        # A claimed event may wait one send for a free thread, then take one
+        # send: both must fit in the lease with room to spare.
+        if not 0 < send_timeout < lease.total_seconds() / 3:
             raise ValueError("a send must time out well within the lease")
         self._engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
@@ -119,6 +120,7 @@ class Dispatcher:
         self._policy = policy
         self._concurrency = concurrency
         self._send_timeout = send_timeout
+        self._lease = lease
         self._rng = rng or random.Random()  # noqa: S311  (jitter, not secrecy)
         self._in_flight = 0  # claimed by run() and not yet sent
         self._slots = threading.Condition()
@@ -188,7 +190,8 @@ class Dispatcher:
             recorder.put((job.claim, started, result))
         except Exception:
             log.exception("delivering %s failed unexpectedly; its lease will run out",
-                          job.claim.event_id)
+                          job.claim.event_id, extra={"event_id": job.claim.event_id,
+                                                     "attempt": job.claim.attempt})
         finally:
             with self._slots:
                 self._in_flight -= 1
@@ -230,7 +233,7 @@ class Dispatcher:
             due = due.with_for_update(skip_locked=True)
         return session.execute(
             update(WebhookEvent).where(WebhookEvent.id.in_(due.scalar_subquery()))
-            .values(status="delivering", lease_until=now + LEASE,
+            .values(status="delivering", lease_until=now + self._lease,
                     attempts=WebhookEvent.attempts + 1)
             .returning(WebhookEvent.id, WebhookEvent.attempts, WebhookEvent.client_id,
                        WebhookEvent.body)
@@ -326,13 +329,16 @@ class Dispatcher:
                  "outcome": "delivered" if result.delivered else "failed",
                  "error": (result.error or "")[:500] or None}
                 for claim, started, result in outcomes])
+        for claim, _started, result in outcomes:
+            _log_outcome(claim, result)
         if taken != len(outcomes):
             # Another worker took these over when their lease ran out; its
             # outcome stands, and these attempts are only logged.
             log.warning("the lease ran out during %d of %d attempt(s): %s",
                         len(outcomes) - taken, len(outcomes),
                         ", ".join(f"{claim.event_id}#{claim.attempt}"
-                                  for claim, _, _ in outcomes[:10]))
+                                  for claim, _, _ in outcomes[:10]),
+                        extra={"event_ids": [claim.event_id for claim, _, _ in outcomes]})
 
 
 # Writing an outcome: only while the claim is still ours, i.e. the event is
@@ -389,6 +395,23 @@ class _Recorder:
             except Exception:
                 log.exception("recording %d webhook attempt(s) failed; their leases will run "
                               "out and they will be sent again", len(batch))
+
+
+def _log_outcome(claim: Claim, result: Result) -> None:
+    """One line per attempt, naming its event (the outbox row and the ``webhook-id``)."""
+    fields = {"event_id": claim.event_id, "attempt": claim.attempt,
+              "status_code": result.status_code, "duration_ms": result.latency_ms}
+    if result.delivered:
+        log.info("webhook %s delivered on attempt %d (HTTP %s, %d ms)", claim.event_id,
+                 claim.attempt, result.status_code, result.latency_ms,
+                 extra={**fields, "outcome": "delivered"})
+    elif claim.attempt >= len(SCHEDULE):
+        log.warning("webhook %s failed on its last attempt (%d): %s; it is dead until "
+                    "redelivered", claim.event_id, claim.attempt, result.error,
+                    extra={**fields, "outcome": "dead"})
+    else:
+        log.info("webhook %s failed on attempt %d: %s; it will be retried", claim.event_id,
+                 claim.attempt, result.error, extra={**fields, "outcome": "retry"})
 
 
 def _elapsed(begun: float) -> int:

@@ -10,6 +10,7 @@ import pytest
 
 from gateway import resources
 from gateway.settings import FIELDS, Secret, SettingsError, load_settings
+from gateway.webhooks.dispatcher import LEASE, SEND_TIMEOUT_SECONDS
 
 SECRETS = {"GATEWAY_SECRET_KEY": "s" * 40, "GATEWAY_TOKEN_PEPPER": "p" * 40}
 
@@ -155,6 +156,14 @@ def test_unknown_login_backend_is_named(environ: dict[str, str]) -> None:
     assert message == "GATEWAY_LOGIN_BACKEND: must be one of local, oidc; got 'ldap'"
 
 
+def test_log_format_is_text_or_json(environ: dict[str, str], tmp_path: Path) -> None:
+    assert load_settings(environ).log_format == "text"
+    write_config(tmp_path, 'log_format = "json"\n')
+    assert load_settings(environ).log_format == "json"
+    message = error_of({**environ, "GATEWAY_LOG_FORMAT": "logfmt"})
+    assert message == "GATEWAY_LOG_FORMAT: must be one of text, json; got 'logfmt'"
+
+
 def test_stripe_secrets_go_together(environ: dict[str, str]) -> None:
     message = error_of({**environ, "GATEWAY_STRIPE_SECRET_KEY": "sk_test_123"})
     assert message.startswith("GATEWAY_STRIPE_WEBHOOK_SECRET:")
@@ -162,6 +171,22 @@ def test_stripe_secrets_go_together(environ: dict[str, str]) -> None:
 
 def test_negative_proxy_hops_is_refused(environ: dict[str, str]) -> None:
     assert error_of({**environ, "GATEWAY_PROXY_HOPS": "-1"}).startswith("GATEWAY_PROXY_HOPS:")
+
+
+def test_the_webhook_lease_defaults_are_the_dispatchers(environ: dict[str, str]) -> None:
+    settings = load_settings(environ)
+    assert settings.webhook_send_timeout_seconds == SEND_TIMEOUT_SECONDS
+    assert settings.webhook_lease_seconds == LEASE.total_seconds()
+
+
+def test_a_lease_a_send_could_outlast_is_refused(environ: dict[str, str]) -> None:
+    message = error_of({**environ, "GATEWAY_WEBHOOK_SEND_TIMEOUT_SECONDS": "2",
+                        "GATEWAY_WEBHOOK_LEASE_SECONDS": "6"})
+    assert message == ("GATEWAY_WEBHOOK_LEASE_SECONDS: must be more than three times "
+                       "GATEWAY_WEBHOOK_SEND_TIMEOUT_SECONDS (2); got 6")
+    short = load_settings({**environ, "GATEWAY_WEBHOOK_SEND_TIMEOUT_SECONDS": "2",
+                           "GATEWAY_WEBHOOK_LEASE_SECONDS": "7"})
+    assert (short.webhook_send_timeout_seconds, short.webhook_lease_seconds) == (2, 7)
 
 
 def test_settings_are_read_only(environ: dict[str, str]) -> None:

@@ -8,6 +8,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -35,6 +36,8 @@ class Delivery:
     body: bytes
     # time.monotonic() at arrival, to measure how long a commit took to arrive.
     arrived_at: float = 0.0
+    # The sender's TCP port, to tell which process sent it.
+    sender_port: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,13 @@ class Receiver:
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
+    with running_receiver() as started:
+        yield started
+
+
+@contextmanager
+def running_receiver() -> Iterator[Receiver]:
+    """A receiver on a free loopback port until the block ends; hanging requests are let go."""
     state: dict[str, Receiver] = {}
 
     class Handler(BaseHTTPRequestHandler):
@@ -94,7 +104,8 @@ def receiver() -> Iterator[Receiver]:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             with target.arrived:
                 step = target.script.pop(0) if target.script else 204
-                target.deliveries.append(Delivery(dict(self.headers), body, time.monotonic()))
+                target.deliveries.append(Delivery(dict(self.headers), body, time.monotonic(),
+                                                  self.client_address[1]))
                 target.arrived.notify_all()
             if step is Fault.HANG:
                 target.release.wait(timeout=60)
@@ -133,10 +144,12 @@ def receiver() -> Iterator[Receiver]:
     state["receiver"] = Receiver(url=f"http://{host}/hooks", host=host)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield state["receiver"]
-    state["receiver"].release.set()
-    server.shutdown()
-    server.server_close()
+    try:
+        yield state["receiver"]
+    finally:
+        state["receiver"].release.set()
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture

@@ -1,0 +1,139 @@
+"""The log setup: JSON and text lines, the request id of the response, no forged lines."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from flask import Flask
+
+from gateway import logs
+from gateway.settings import Settings
+from tests.conftest import client_for
+
+# A value a user controls, shaped to pass for a record of its own.
+FORGED = "alice\n2026-12-02T00:00:00.000Z ERROR gateway.identity: admin logged in\u2028\x1b[2K"
+TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z [A-Z]+ [\w.]+: ")
+
+Start = Callable[..., io.StringIO]
+
+
+@pytest.fixture
+def start_logging(make_settings: Callable[..., Settings]) -> Iterator[Start]:
+    """Configure logging into a buffer, as a command would; put the root logger back after."""
+    root = logging.getLogger()
+    level = root.level
+
+    def start(log_format: str, level: str = "debug") -> io.StringIO:
+        stream = io.StringIO()
+        logs.configure(make_settings(GATEWAY_LOG_FORMAT=log_format, GATEWAY_LOG_LEVEL=level),
+                       stream)
+        return stream
+
+    yield start
+    for handler in [h for h in root.handlers if h.name == logs.HANDLER_NAME]:
+        root.removeHandler(handler)
+    root.setLevel(level)
+    logging.getLogger("alembic").setLevel(logging.NOTSET)
+
+
+def json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
+    """Every line of the buffer, each of which must be one JSON object."""
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def boom(app: Flask, message: str) -> None:
+    def fail() -> str:
+        raise RuntimeError(message)
+
+    app.add_url_rule("/api/v1/boom", endpoint="boom", view_func=fail)
+    app.config["PROPAGATE_EXCEPTIONS"] = False
+
+
+def test_a_json_line_has_the_documented_fields(start_logging: Start) -> None:
+    stream = start_logging("json")
+    logging.getLogger("gateway.webhooks.dispatcher").info(
+        "webhook %s delivered", "evt_1", extra={"event_id": "evt_1", "attempt": 2})
+    [line] = json_lines(stream)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line.pop("ts"))
+    assert isinstance(line.pop("pid"), int)
+    assert line == {"level": "info", "logger": "gateway.webhooks.dispatcher",
+                    "message": "webhook evt_1 delivered", "event_id": "evt_1", "attempt": 2}
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_user_text_cannot_start_a_line_of_its_own(start_logging: Start, log_format: str) -> None:
+    stream = start_logging(log_format)
+    logging.getLogger("gateway.identity").warning("login failed for %s", FORGED)
+    output = stream.getvalue()
+    # str.splitlines also breaks at U+2028 and friends, as some log viewers do.
+    assert len(output.splitlines()) == 1
+    assert "\x1b" not in output
+    if log_format == "json":
+        assert json.loads(output)["message"] == f"login failed for {FORGED}"
+    else:
+        assert TEXT_LINE.match(output)
+        assert "alice\\n2026-12-02T00:00:00.000Z ERROR" in output
+        assert "\\u2028\\x1b[2K" in output
+
+
+def test_the_level_setting_filters(start_logging: Start) -> None:
+    stream = start_logging("text", level="warning")
+    logging.getLogger("gateway").info("routine")
+    logging.getLogger("gateway").warning("worth a look")
+    [line] = stream.getvalue().splitlines()
+    assert line.endswith("WARNING gateway: worth a look")
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_an_app_error_is_logged_with_the_request_id_of_its_problem_response(
+    app: Flask, start_logging: Start, log_format: str,
+) -> None:
+    boom(app, f"the database said {FORGED}")
+    stream = start_logging(log_format)
+    response = client_for(app).get("/api/v1/boom?token=canary-in-query")
+    assert response.status_code == 500
+    request_id = response.get_json()["request_id"]
+    assert request_id == response.headers["X-Request-Id"]
+    output = stream.getvalue()
+    assert "canary-in-query" not in output
+    if log_format == "json":
+        [line] = [line for line in json_lines(stream) if line["logger"] == "gateway.web.errors"]
+        assert line["request_id"] == request_id
+        assert line["level"] == "error"
+        assert line["message"] == "unhandled error on GET /api/v1/boom"
+        assert "RuntimeError: the database said alice\n2026-12-02" in line["exc"]
+        return
+    [first, *traceback] = output.splitlines()
+    assert first.endswith(f"ERROR gateway.web.errors: unhandled error on GET /api/v1/boom "
+                          f"request_id={request_id}")
+    assert "    RuntimeError: the database said alice" in traceback
+    # Every line of the traceback is indented under its record, the forged one
+    # too, so none of them reads as a record.
+    assert all(line.startswith("    ") for line in traceback)
+    assert not any(TEXT_LINE.match(line) for line in traceback)
+    assert "\x1b" not in output
+
+
+def test_outside_a_request_a_line_has_no_request_id(start_logging: Start) -> None:
+    stream = start_logging("json")
+    logging.getLogger("gateway.worker").info("worker started")
+    [line] = json_lines(stream)
+    assert "request_id" not in line
+
+
+def test_configuring_again_replaces_the_handler_and_keeps_others(
+    start_logging: Start, caplog: pytest.LogCaptureFixture,
+) -> None:
+    start_logging("text")
+    stream = start_logging("json")
+    logging.getLogger("gateway").warning("once")
+    assert len(json_lines(stream)) == 1
+    ours = [h for h in logging.getLogger().handlers if h.name == logs.HANDLER_NAME]
+    assert len(ours) == 1
+    assert "once" in caplog.text  # pytest's own capture is still there
