@@ -2,7 +2,8 @@
 
 Counters live in memory for one instance, or in Redis
 (GATEWAY_RATELIMIT_STORAGE_URL) when several instances share the load. A
-client over its limit gets 429 with Retry-After, as problem+json.
+client over its limit gets 429 with Retry-After, as problem+json, and the
+refusal is counted for ``/metrics`` under the limit's scope.
 """
 
 from __future__ import annotations
@@ -10,15 +11,19 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections.abc import Callable
+from typing import Final
 
 from flask import Blueprint, Flask, Response, current_app, g, request
-from flask_limiter import Limiter
+from flask_limiter import Limiter, RequestLimit
 from limits.storage import MemoryStorage
 
+from gateway.metrics import counters
 from gateway.settings import Settings
 from gateway.tokens import keyed_digest
 
 EXTENSION = "gateway.limiter"
+HITS_EXTENSION = "gateway.ratelimit_hits"
 SWEEP_SECONDS = 5.0
 
 
@@ -73,15 +78,43 @@ def init_app(app: Flask, settings: Settings) -> Limiter:
         key_prefix="gateway",
     )
     limiter.init_app(app)
+    limiter.request_filter(_carries_no_limit)
     app.extensions[EXTENSION] = limiter
+    app.extensions[HITS_EXTENSION] = counters.rate_limit_hits()
     return limiter
+
+
+_LIMITED_BLUEPRINTS: Final = ("api", "identity")
+
+
+def _carries_no_limit() -> bool:
+    # Limits sit on the API and on the login form only. Every other request
+    # (pages, health checks, static files) skips the limiter's per-request
+    # work of resolving which limits apply, which costs as much as a page.
+    root = (request.blueprint or "").partition(".")[0]
+    return root not in _LIMITED_BLUEPRINTS
+
+
+def counted(scope: str) -> Callable[[RequestLimit], None]:
+    """A breach callback that counts the refusal under ``scope``.
+
+    Flask-Limiter stops at the first limit a request breaches, so each
+    refused request is counted once.
+    """
+
+    def count(breached: RequestLimit) -> None:
+        current_app.extensions[HITS_EXTENSION].labels(scope).inc()
+
+    return count
 
 
 def limit_api(app: Flask, blueprint: Blueprint, settings: Settings) -> None:
     """Limit every route of ``blueprint`` per API token and per source address."""
     limiter: Limiter = app.extensions[EXTENSION]
-    limiter.limit(settings.ratelimit_api, key_func=token_key, scope="api-token")(blueprint)
-    limiter.limit(settings.ratelimit_api_ip, key_func=source_address, scope="api-ip")(blueprint)
+    limiter.limit(settings.ratelimit_api, key_func=token_key, scope="api-token",
+                  on_breach=counted("api-token"))(blueprint)
+    limiter.limit(settings.ratelimit_api_ip, key_func=source_address, scope="api-ip",
+                  on_breach=counted("api-ip"))(blueprint)
 
 
 def limit_logins(app: Flask, blueprint: Blueprint, settings: Settings) -> None:
@@ -97,7 +130,7 @@ def limit_logins(app: Flask, blueprint: Blueprint, settings: Settings) -> None:
                             (source_address, "login-ip")):
         limiter.limit(settings.ratelimit_login, key_func=key_func, scope=scope,
                       methods=["POST"], deduct_when=_failed_login, error_message=message,
-                      exempt_when=_not_a_login)(blueprint)
+                      exempt_when=_not_a_login, on_breach=counted(scope))(blueprint)
 
 
 def _not_a_login() -> bool:
