@@ -25,6 +25,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -43,8 +44,10 @@ from playwright.sync_api import (
     expect,
     sync_playwright,
 )
+from sqlalchemy import update
 
 from gateway import db
+from gateway.elicitations.models import Elicitation
 from gateway.serving.tls import dev_certificate_paths
 from tests.browser.stripe_stub import StripeStub, running_stub
 from tests.conftest import TEST_KEYRING, TEST_PEPPER, TEST_SECRET, _empty_tables
@@ -174,6 +177,16 @@ class Gateway:
         assert answer.status == 200, answer.body
         status: str = answer.body["status"]
         return status
+
+    def run_out_of_time(self, elicitation_id: str) -> None:
+        """Move a link's expiry into the past: the running server's clock cannot be advanced."""
+        engine = db.make_engine(self.environ["GATEWAY_DATABASE_URL"])
+        try:
+            with engine.begin() as connection:
+                connection.execute(update(Elicitation).where(Elicitation.id == elicitation_id)
+                                   .values(expires_at=datetime.now(UTC) - timedelta(minutes=1)))
+        finally:
+            engine.dispose()
 
 
 def _json_of(process: subprocess.Popen[str], stdin: str = "") -> Any:
@@ -375,6 +388,42 @@ def screenshots(tmp_path: Path) -> Path:
     folder = tmp_path / "screenshots"
     folder.mkdir()
     return folder
+
+
+# The README's pictures of the portal: small, and the same size on every machine.
+SCREENSHOTS_ENV = "GATEWAY_SCREENSHOTS"
+SCREENSHOT_VIEWPORT = {"width": 1000, "height": 760}
+
+
+@dataclass(frozen=True)
+class Screenshot:
+    """Saves ``<folder>/<name>.png`` of a page, or does nothing when no folder is set."""
+
+    folder: Path | None
+
+    def __call__(self, page: Page, name: str) -> None:
+        if self.folder is None:
+            return
+        # Contexts are made at scale 1 (Playwright's default), so one CSS
+        # pixel is one image pixel; the width is fixed here, the height is the page's.
+        page.set_viewport_size(SCREENSHOT_VIEWPORT)
+        page.screenshot(path=self.folder / f"{name}.png", full_page=True,
+                        animations="disabled", caret="hide")
+
+
+@pytest.fixture(scope="session")
+def screenshot() -> Screenshot:
+    """``screenshot(page, "capture")``: the README's picture of a page, when asked for.
+
+    ``GATEWAY_SCREENSHOTS=docs/screenshots`` turns it on (the pictures in the
+    README are made that way); unset, as in CI, it does nothing.
+    """
+    folder = os.environ.get(SCREENSHOTS_ENV)
+    if not folder:
+        return Screenshot(None)
+    path = Path(folder).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return Screenshot(path)
 
 
 def log_in(page: Page, username: str, password: str = PASSWORD) -> None:

@@ -1,9 +1,12 @@
 """A Stripe-compatible API on loopback, for ``gateway serve`` under the browser tests.
 
-It answers the one call the checkout button makes (``POST
-/v1/checkout/sessions``) as Stripe does: one session per Idempotency-Key,
-with a hosted page on checkout.stripe.com. The gateway reaches it through
-``GATEWAY_STRIPE_API_BASE``; the browser never talks to it.
+It answers the two calls the gateway makes as Stripe does: ``POST
+/v1/checkout/sessions`` (the checkout button: one session per
+Idempotency-Key, with a hosted page on checkout.stripe.com) and ``GET
+/v1/checkout/sessions/{id}`` (the user's return from that page). A test
+that plays the user on Stripe's page marks the session paid with ``pay``.
+The gateway reaches it through ``GATEWAY_STRIPE_API_BASE``; the browser
+never talks to it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlsplit
 
 CHECKOUT_HOST = "https://checkout.stripe.com"
 
@@ -50,12 +53,25 @@ class StripeStub:
                 "amount_total": int(body.get("line_items[0][price_data][unit_amount]", "0")),
                 "currency": body.get("line_items[0][price_data][currency]"),
                 "client_reference_id": body.get("client_reference_id"),
+                "success_url": body.get("success_url"),
                 "expires_at": int(body.get("expires_at", "0")),
                 "payment_intent": None, "subscription": None,
             }
             self.sessions[session_id] = session
             self._by_key[key] = session_id
             return session
+
+    def pay(self, session_id: str) -> None:
+        """What Stripe records when the user pays on its page."""
+        with self._lock:
+            self.sessions[session_id].update(
+                status="complete", payment_status="paid",
+                payment_intent="pi_test_" + secrets.token_hex(12))
+
+    def retrieve(self, session_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            found = self.sessions.get(session_id)
+            return dict(found) if found else None
 
 
 def _handler(stub: StripeStub) -> type[BaseHTTPRequestHandler]:
@@ -68,6 +84,15 @@ def _handler(stub: StripeStub) -> type[BaseHTTPRequestHandler]:
                                              "message": "Unrecognized request URL"}})
                 return
             self._answer(200, stub.create(body, self.headers.get("Idempotency-Key", "")))
+
+        def do_GET(self) -> None:
+            prefix, path = "/v1/checkout/sessions/", urlsplit(self.path).path
+            found = stub.retrieve(path.removeprefix(prefix)) if path.startswith(prefix) else None
+            if found is None:
+                self._answer(404, {"error": {"type": "invalid_request_error",
+                                             "message": "No such checkout session"}})
+                return
+            self._answer(200, found)
 
         def _answer(self, status: int, payload: dict[str, Any]) -> None:
             data = json.dumps(payload).encode()

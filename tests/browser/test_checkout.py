@@ -1,4 +1,4 @@
-"""The payment page in Chromium, up to the redirect to Stripe's Checkout (answered locally)."""
+"""The payment page in Chromium: to Stripe's Checkout (answered locally) and back."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from playwright.sync_api import BrowserContext, Route, expect
 
-from tests.browser.conftest import Gateway, Watch, log_in
+from tests.browser.conftest import Gateway, Screenshot, Watch, log_in
 from tests.browser.stripe_stub import CHECKOUT_HOST
 
 pytestmark = pytest.mark.slow
@@ -16,6 +16,7 @@ pytestmark = pytest.mark.slow
 
 def test_the_pay_button_posts_to_the_gateway_which_sends_the_browser_to_stripe(
     gateway: Gateway, new_context: Callable[..., BrowserContext], watch: Watch,
+    screenshot: Screenshot,
 ) -> None:
     alice = gateway.create_user("alice")
     link = gateway.ask_for_payment(alice, "Pay for the forecast report", {
@@ -37,6 +38,7 @@ def test_the_pay_button_posts_to_the_gateway_which_sends_the_browser_to_stripe(
     form = page.locator("form", has=page.get_by_role("button", name="Pay 19.99 USD with Stripe"))
     expect(form).to_have_attribute("action", f"/e/{link['id']}/checkout")
     expect(form).to_have_attribute("method", "post")
+    screenshot(page, "payment")
 
     # Stripe's page is answered here: the browser is sent there, nothing leaves the machine.
     watch.expect_origin(CHECKOUT_HOST)
@@ -66,3 +68,37 @@ def test_the_pay_button_posts_to_the_gateway_which_sends_the_browser_to_stripe(
     assert body["line_items[0][price_data][currency]"] == "usd"
     assert gateway.stripe.idempotency_keys[-1] == f"{link['id']}-checkout-1"
     assert gateway.status_of(link["id"]) == "opened"
+
+
+def test_back_from_stripe_the_page_says_what_was_paid(
+    gateway: Gateway, new_context: Callable[..., BrowserContext], watch: Watch,
+    screenshot: Screenshot,
+) -> None:
+    alice = gateway.create_user("alice")
+    link = gateway.ask_for_payment(alice, "Pay for the forecast report", {
+        "amount": 1999, "currency": "usd", "description": "Forecast report, one month"})
+    page = new_context().new_page()
+    page.goto(link["url"])
+    log_in(page, alice)
+
+    # Stripe's page, answered here: the user pays, and Stripe sends the
+    # browser to the success URL the gateway gave it.
+    watch.expect_origin(CHECKOUT_HOST)
+
+    def pay_on_stripe(route: Route) -> None:
+        session_id = route.request.url.rsplit("/", 1)[1]
+        gateway.stripe.pay(session_id)
+        success_url = gateway.stripe.sessions[session_id]["success_url"]
+        route.fulfill(status=303, headers={
+            "Location": success_url.replace("{CHECKOUT_SESSION_ID}", session_id)})
+
+    page.route(f"{CHECKOUT_HOST}/**", pay_on_stripe)
+    page.get_by_role("button", name="Pay 19.99 USD with Stripe").click()
+    expect(page).to_have_url(re.compile(r"/return\?session_id=cs_test_"))
+
+    expect(page.get_by_role("heading", level=1)).to_have_text("Payment received")
+    expect(page.get_by_role("main")).to_contain_text(
+        f"You paid 19.99 USD to {gateway.client_name}.")
+    expect(page.locator("form")).to_have_count(0)  # nothing left to pay
+    screenshot(page, "payment-received")
+    assert gateway.status_of(link["id"]) == "completed"

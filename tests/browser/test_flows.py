@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 from playwright.sync_api import BrowserContext, Page, expect
 
-from tests.browser.conftest import Gateway, log_in
+from tests.browser.conftest import Gateway, Screenshot, log_in
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def save_key(page: Page, key: str) -> None:
 
 
 def test_phishing_scenario_end_to_end(
-    gateway: Gateway, new_context: Callable[..., BrowserContext],
+    gateway: Gateway, new_context: Callable[..., BrowserContext], screenshot: Screenshot,
 ) -> None:
     alice, bob = gateway.create_users("alice", "bob")
     link = gateway.ask_for_key(alice, "Connect your weather API key")
@@ -54,12 +54,14 @@ def test_phishing_scenario_end_to_end(
     expect(bobs.locator("input[name=secret]")).to_have_count(0)
     expect(bobs.get_by_role("button", name="Save key")).to_have_count(0)
     assert alice not in bobs.content()  # the intended account is not named
+    screenshot(bobs, "wrong-account")
     assert gateway.status_of(link["id"]) == "pending"
 
     # Alice opens it herself: to the login form, and back to the link.
     alices = new_context().new_page()
     alices.goto(link["url"])
     expect(alices).to_have_url(re.compile(r"/login\?next=%2Fe%2F" + link["id"] + "$"))
+    screenshot(alices, "login")
     log_in(alices, alice)
     expect(alices).to_have_url(link["url"])
     expect(alices.get_by_role("heading", level=1)).to_have_text(
@@ -84,12 +86,14 @@ def test_phishing_scenario_end_to_end(
     hide.click()
     expect(field).to_have_attribute("type", "password")
     expect(toggle).to_have_attribute("aria-pressed", "false")
+    screenshot(alices, "api-key")  # the key hidden again: the picture shows dots
 
     with alices.expect_navigation():
         alices.get_by_role("button", name="Save key").click()
     expect(alices.get_by_role("heading", level=1)).to_have_text("Done")
     expect(alices.get_by_text(f"You can go back to {gateway.client_name} now.")).to_be_visible()
     assert key not in alices.content()
+    screenshot(alices, "done")
 
     # The MCP server finds the key and reveals exactly what Alice typed.
     assert gateway.status_of(link["id"]) == "completed"
@@ -105,7 +109,7 @@ def test_phishing_scenario_end_to_end(
 
 
 def test_declining_in_the_browser(
-    gateway: Gateway, new_context: Callable[..., BrowserContext],
+    gateway: Gateway, new_context: Callable[..., BrowserContext], screenshot: Screenshot,
 ) -> None:
     alice = gateway.create_user("alice")
     link = gateway.ask_for_key(alice, "Connect your weather API key")
@@ -115,13 +119,14 @@ def test_declining_in_the_browser(
         page.get_by_role("button", name="Decline: I do not want to give this").click()
     expect(page.get_by_role("heading", level=1)).to_have_text("Declined")
     expect(page.get_by_text("You declined this request. Nothing was stored.")).to_be_visible()
+    screenshot(page, "declined")
     assert gateway.status_of(link["id"]) == "declined"
     assert gateway.api("GET", f"/api/v1/credentials?subject_sub={alice}&status=all"
                        ).body["items"] == []
 
 
 def test_account_lists_the_key_and_revokes_it(
-    gateway: Gateway, new_context: Callable[..., BrowserContext],
+    gateway: Gateway, new_context: Callable[..., BrowserContext], screenshot: Screenshot,
 ) -> None:
     alice = gateway.create_user("alice")
     link = gateway.ask_for_key(alice, "Connect your weather API key")
@@ -141,6 +146,7 @@ def test_account_lists_the_key_and_revokes_it(
     revoke = page.get_by_role("button", name=re.compile(f"^Revoke the .* ending {hint} for "
                                                         f"{re.escape(gateway.client_name)}$"))
     expect(revoke).to_be_visible()
+    screenshot(page, "account")
 
     # The same form with a forged CSRF token, and the same cookies, is refused.
     page.locator("form[action$='/revoke'] input[name=csrf_token]").evaluate(
@@ -158,3 +164,22 @@ def test_account_lists_the_key_and_revokes_it(
     expect(page.get_by_role("status")).to_have_text("The key was revoked.")
     expect(page.get_by_text("You have no stored keys.")).to_be_visible()
     assert gateway.api("POST", f"/api/v1/credentials/{credential['id']}/reveal").status == 409
+
+
+def test_a_link_whose_time_has_passed_accepts_nothing(
+    gateway: Gateway, new_context: Callable[..., BrowserContext], screenshot: Screenshot,
+) -> None:
+    alice = gateway.create_user("alice")
+    link = gateway.ask_for_key(alice, "Connect your weather API key")
+    page = open_logged_in(new_context(), gateway, alice)
+    gateway.run_out_of_time(link["id"])
+
+    opened = page.goto(link["url"])
+    assert opened is not None
+    assert opened.status == 200
+    expect(page.get_by_role("heading", level=1)).to_have_text("This link has expired")
+    expect(page.get_by_role("main")).to_contain_text("Go back to the app and start again")
+    expect(page.locator("input[name=secret]")).to_have_count(0)
+    expect(page.locator("form")).to_have_count(0)
+    screenshot(page, "expired")
+    assert gateway.status_of(link["id"]) == "expired"
