@@ -7,15 +7,19 @@ from typing import Any
 import click
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from gateway import cli, migrations
 from gateway.clients.models import WebhookSecret
+from gateway.clients.service import webhook_secret_binding
 from gateway.credentials.models import Credential
+from gateway.credentials.service import binding as credential_binding
 from gateway.db import make_engine
 from gateway.elicitations.lifecycle import Status
 from gateway.elicitations.models import Elicitation
 from gateway.pagination import timestamp
-from gateway.vault.keyring import KeyringError, load_keyring
+from gateway.vault.envelope import VaultError, reveal_plaintext
+from gateway.vault.keyring import Keyring, KeyringError, load_keyring
 from gateway.webhooks.models import WebhookEvent
 
 
@@ -41,7 +45,45 @@ def collect() -> dict[str, Any]:
         report["keys"]["current"] = keyring.current_version
     except KeyringError as error:
         report.setdefault("keys", {})["error"] = str(error)
+    else:
+        if report["database"].get("current"):
+            _check_keyring_opens(settings, keyring, report["keys"])
     return report
+
+
+def _check_keyring_opens(settings: Any, keyring: Keyring, keys: dict[str, Any]) -> None:
+    """Open one stored secret per key version in use, so a wrong keyring shows here.
+
+    A restored database with another instance's keyring looks healthy in
+    every count; only opening a secret tells. Nothing opened is kept or shown.
+    """
+    engine = make_engine(settings.database_url)
+    failed: list[str] = []
+    try:
+        with Session(engine) as session:
+            for version in sorted({int(v[1:]) for v in keys.get("in_use", {})}):
+                if not _opens_one(session, keyring, version):
+                    failed.append(f"v{version}")
+    finally:
+        engine.dispose()
+    if failed:
+        keys["error"] = (f"this keyring does not open the stored secrets of key version "
+                         f"{', '.join(failed)}: wrong keyring for this database?")
+
+
+def _opens_one(session: Session, keyring: Keyring, version: int) -> bool:
+    credential = session.scalar(select(Credential).where(Credential.key_version == version)
+                                .limit(1))
+    secret = session.scalar(select(WebhookSecret).where(WebhookSecret.key_version == version)
+                            .limit(1))
+    try:
+        if credential is not None:
+            reveal_plaintext(keyring, credential.envelope, credential_binding(credential))
+        if secret is not None:
+            reveal_plaintext(keyring, secret.envelope, webhook_secret_binding(secret))
+    except (VaultError, KeyringError):
+        return False
+    return True
 
 
 def _figures(engine: Any) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 
@@ -68,3 +69,19 @@ def test_status_fails_on_a_schema_that_is_not_current(
                                         "GATEWAY_DATABASE_URL": empty_database_url})
     assert result.code == 1
     assert "gateway db upgrade" in result.stdout
+
+
+def test_status_fails_when_the_keyring_does_not_open_the_stored_secrets(
+    register: Callable[..., Registered], run_gateway: Callable[..., Result],
+    cli_environ: dict[str, str],
+) -> None:
+    # A database restored beside another instance's keyring: every count looks
+    # right, but no secret opens. Status must say so before a reveal fails.
+    register("Weather MCP")
+    other = "v1:" + base64.b64encode(b"o" * 32).decode()
+    result = run_gateway("status", env={**cli_environ, "GATEWAY_ENCRYPTION_KEYS": other})
+    assert result.code == 1
+    assert "does not open the stored secrets of key version v1" in result.stdout
+    report = json.loads(run_gateway("status", "--json", env={
+        **cli_environ, "GATEWAY_ENCRYPTION_KEYS": other}).stdout)
+    assert "wrong keyring" in report["keys"]["error"]
