@@ -66,11 +66,13 @@ def show(elicitation_id: str) -> Page:
     subject = current_subject()
     if subject is None:
         return login_redirect(request.path)
+    # Pages are rendered after the commit, never inside the transaction: on
+    # SQLite a transaction that wrote holds the one write lock until it ends.
     with db.transaction() as session:
         elicitation = _open(session, elicitation_id, subject)
-        if elicitation.status in TERMINAL:
-            return _ended(session, elicitation)
-        return _render(session, elicitation, subject)
+    if elicitation.status in TERMINAL:
+        return _ended(session, elicitation)
+    return _render(session, elicitation, subject)
 
 
 @blueprint.post("/e/<id:elicitation_id>")
@@ -84,17 +86,16 @@ def answer(elicitation_id: str) -> Page:
         raise GatewayError("This form sent an action the page does not have. Reload the page.")
     with db.transaction() as session:
         elicitation = _open(session, elicitation_id, subject)
-        if elicitation.status in TERMINAL:
-            return _ended(session, elicitation)
-        if action == "decline":
+        if action == "decline" and elicitation.status not in TERMINAL:
             lifecycle.transition(session, current_clock(), elicitation, Status.DECLINED,
                                  actor=actor_of(subject), source_ip=request.remote_addr)
-            return _ended(session, elicitation)
-        if elicitation.kind != "api_key":
-            raise GatewayError("This request is not for a key. Reload the page.")
-        credential_type = current_catalog().get(elicitation.credential_type or "")
-        if credential_type is None:
-            raise GatewayError("This kind of key is no longer accepted here. Go back to the app.")
+    if elicitation.status in TERMINAL:
+        return _ended(session, elicitation)
+    if elicitation.kind != "api_key":
+        raise GatewayError("This request is not for a key. Reload the page.")
+    credential_type = current_catalog().get(elicitation.credential_type or "")
+    if credential_type is None:
+        raise GatewayError("This kind of key is no longer accepted here. Go back to the app.")
     secret = request.form.get("secret", "")
     try:
         credentials.check_shape(credential_type, secret)
@@ -105,16 +106,15 @@ def answer(elicitation_id: str) -> Page:
     except GatewayError as error:
         with db.transaction() as session:
             elicitation = _open(session, elicitation_id, subject)
-            return _render(session, elicitation, subject, error=error.detail), error.status
+        return _render(session, elicitation, subject, error=error.detail), error.status
     with db.transaction() as session:
         # Checked again: the elicitation may have ended while the service answered.
         elicitation = _open(session, elicitation_id, subject)
-        if elicitation.status in TERMINAL:
-            return _ended(session, elicitation)
-        credentials.capture(session, current_clock(), current_keyring(), elicitation,
-                            credential_type, secret, actor=actor_of(subject),
-                            source_ip=request.remote_addr)
-        return _ended(session, elicitation)
+        if elicitation.status not in TERMINAL:
+            credentials.capture(session, current_clock(), current_keyring(), elicitation,
+                                credential_type, secret, actor=actor_of(subject),
+                                source_ip=request.remote_addr)
+    return _ended(session, elicitation)
 
 
 def _open(session: Session, elicitation_id: str, subject: Subject) -> Elicitation:
