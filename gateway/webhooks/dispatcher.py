@@ -286,7 +286,10 @@ class Dispatcher:
         except BlockedDestination as error:
             return Result(False, None, _elapsed(begun), str(error))
         except (HTTPError, OSError) as error:
-            return Result(False, None, _elapsed(begun), _describe(error))
+            elapsed = _elapsed(begun)
+            # Past the deadline, whatever broke was the attempt being cut off.
+            timed_out = elapsed >= self._send_timeout * 1000
+            return Result(False, None, elapsed, "timed out" if timed_out else _describe(error))
         status = response.status
         retry_after = response.headers.get("Retry-After")
         finish(response)

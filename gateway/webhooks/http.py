@@ -43,9 +43,12 @@ against the same kind of server with the real resolver.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
@@ -289,6 +292,10 @@ class GuardedHTTPConnection(HTTPConnection):
     def _new_conn(self) -> socket.socket:
         return _open_checked(self, self.policy, "http")
 
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        _watch_attempt(self)
+        super().request(*args, **kwargs)
+
 
 class GuardedHTTPSConnection(HTTPSConnection):
     """An https connection to a checked address; TLS still verifies the host name."""
@@ -299,6 +306,71 @@ class GuardedHTTPSConnection(HTTPSConnection):
 
     def _new_conn(self) -> socket.socket:
         return _open_checked(self, self.policy, "https")
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        _watch_attempt(self)
+        super().request(*args, **kwargs)
+
+
+class AttemptDeadlines:
+    """Cuts off a send that outlasts its whole-attempt deadline.
+
+    Socket timeouts bound each read, not the attempt: a receiver that sends
+    one byte of its answer every few seconds would hold a sending thread (and
+    its lease) for as long as it likes. One watcher thread per process checks
+    the sends in flight a few times a second and shuts down the socket of any
+    past its deadline; the blocked read then fails like any broken
+    connection, and the attempt is recorded as failed.
+    """
+
+    TICK_SECONDS: Final = 0.25
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._deadlines: dict[int, tuple[float, HTTPConnection]] = {}
+        self._thread: threading.Thread | None = None
+
+    def watch(self, connection: HTTPConnection, deadline: float) -> None:
+        with self._lock:
+            self._deadlines[id(connection)] = (deadline, connection)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="send-deadlines",
+                                                daemon=True)
+                self._thread.start()
+
+    def forget(self, connection: object) -> None:
+        with self._lock:
+            self._deadlines.pop(id(connection), None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.TICK_SECONDS)
+            now = time.monotonic()
+            with self._lock:
+                overdue = [(key, connection) for key, (deadline, connection)
+                           in self._deadlines.items() if deadline <= now]
+                for key, _connection in overdue:
+                    del self._deadlines[key]
+            for _key, connection in overdue:
+                _cut(connection)
+
+
+def _cut(connection: HTTPConnection) -> None:
+    sock = connection.sock
+    if sock is None:
+        return  # not connected yet: the connect timeout bounds that part
+    with contextlib.suppress(OSError):  # already closed
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+DEADLINES: Final = AttemptDeadlines()
+_attempt = threading.local()
+
+
+def _watch_attempt(connection: HTTPConnection) -> None:
+    deadline: float | None = getattr(_attempt, "deadline", None)
+    if deadline is not None:
+        DEADLINES.watch(connection, deadline)
 
 
 class GuardedHTTPConnectionPool(HTTPConnectionPool):
@@ -444,10 +516,16 @@ class GuardedPool:
         host = parts.hostname or ""
         port = parts.port or DEFAULT_PORTS.get(parts.scheme, 0)
         self.policy.check_scheme(parts.scheme, host, port)
-        return self._manager.urlopen(
-            "POST", url, body=body, headers=dict(headers), redirect=False, retries=False,
-            timeout=Urllib3Timeout(connect=timeout, read=timeout), preload_content=False,
-        )
+        # The whole attempt, answer included, ends by this deadline (see
+        # AttemptDeadlines); the socket timeouts bound each step within it.
+        _attempt.deadline = time.monotonic() + timeout
+        try:
+            return self._manager.urlopen(
+                "POST", url, body=body, headers=dict(headers), redirect=False, retries=False,
+                timeout=Urllib3Timeout(connect=timeout, read=timeout), preload_content=False,
+            )
+        finally:
+            _attempt.deadline = None
 
     def clear(self) -> None:
         """Close every kept-alive connection."""
@@ -464,8 +542,12 @@ def finish(response: BaseHTTPResponse) -> None:
     must not hold a sending thread.
     """
     remaining = response.length_remaining
-    if remaining is not None and remaining <= MAX_DRAINED_ANSWER:
-        response.drain_conn()
-    else:
-        response.close()
-    response.release_conn()
+    connection = response.connection
+    try:
+        if remaining is not None and remaining <= MAX_DRAINED_ANSWER:
+            response.drain_conn()
+        else:
+            response.close()
+    finally:
+        DEADLINES.forget(connection)
+        response.release_conn()

@@ -55,6 +55,8 @@ class Fault(enum.Enum):
     HANG = "hang"
     # Read the request, then drop the connection with a TCP reset, no answer.
     RESET = "reset"
+    # Answer one byte at a time, each well inside a socket timeout, for a minute.
+    TRICKLE = "trickle"
 
 
 Step = int | Answer | Fault
@@ -110,6 +112,18 @@ def running_receiver() -> Iterator[Receiver]:
             if step is Fault.HANG:
                 target.release.wait(timeout=60)
                 self.close_connection = True
+                return
+            if step is Fault.TRICKLE:
+                self.close_connection = True
+                answer = b"HTTP/1.1 204 No Content\r\n" + b"X-Slow: " + b"z" * 600 + b"\r\n\r\n"
+                for byte in answer:
+                    if target.release.wait(timeout=0.1):
+                        return
+                    try:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                    except OSError:
+                        return  # the sender cut the attempt off
                 return
             if step is Fault.RESET:
                 # SO_LINGER with a zero timeout: close() sends RST, not FIN.

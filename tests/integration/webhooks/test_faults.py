@@ -18,7 +18,7 @@ from gateway.credentials.catalog import current_catalog
 from gateway.settings import Settings
 from gateway.vault.keyring import load_keyring
 from gateway.webhooks.dispatcher import MAX_RETRY_AFTER, SCHEDULE, Dispatcher
-from gateway.webhooks.http import IPAddress, OutboundPolicy
+from gateway.webhooks.http import AttemptDeadlines, IPAddress, OutboundPolicy
 from tests.conftest import Api, client_for
 from tests.integration.webhooks.conftest import (
     Answer,
@@ -38,6 +38,7 @@ FAULTS: dict[str, tuple[Step, str]] = {
     "timeout": (Fault.HANG, "timed out"),
     "reset": (Fault.RESET, "connection failed"),
     "302": (302, "answered 302"),
+    "trickle": (Fault.TRICKLE, "timed out"),
 }
 
 
@@ -73,6 +74,10 @@ def test_after_a_fault_the_event_arrives_with_the_same_id(
     assert log[1].status_code == 204
     if step is Fault.HANG:
         assert log[0].latency_ms >= SEND_TIMEOUT * 1000 * 0.9
+    if step is Fault.TRICKLE:
+        # Each byte came well inside the socket timeout; the attempt's own
+        # deadline cut it off (its watcher looks every quarter second).
+        assert log[0].latency_ms <= (SEND_TIMEOUT + 2 * AttemptDeadlines.TICK_SECONDS) * 1000 + 500
 
 
 def test_every_fault_in_a_row_then_recovery_is_one_delivery_per_attempt(
@@ -92,7 +97,7 @@ def test_every_fault_in_a_row_then_recovery_is_one_delivery_per_attempt(
     assert len({d.headers["webhook-timestamp"] for d in receiver.deliveries}) == len(FAULTS) + 1
     assert [(a.number, a.status_code, a.error) for a in attempts(app, event.id)] == [
         (1, 500, "answered 500"), (2, None, "timed out"), (3, None, "connection failed"),
-        (4, 302, "answered 302"), (5, 204, None)]
+        (4, 302, "answered 302"), (5, None, "timed out"), (6, 204, None)]
 
 
 # --- Retry-After ------------------------------------------------------------------------
