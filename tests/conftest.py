@@ -108,17 +108,28 @@ def clean_database(database_url: str) -> Iterator[str]:
         engine.dispose()
 
 
+def gateway_environ(instance_path: Path, database_url: str, public_url: str) -> dict[str, str]:
+    """The settings every test gateway runs with: its folder, database, origin and test secrets."""
+    return {
+        "GATEWAY_INSTANCE_PATH": str(instance_path),
+        "GATEWAY_DATABASE_URL": database_url,
+        "GATEWAY_SECRET_KEY": TEST_SECRET,
+        "GATEWAY_TOKEN_PEPPER": TEST_PEPPER,
+        "GATEWAY_PUBLIC_URL": public_url,
+        "GATEWAY_ENCRYPTION_KEYS": TEST_KEYRING,
+    }
+
+
+def process_environ(settings: dict[str, str]) -> dict[str, str]:
+    """The environment of a gateway child process: none of our GATEWAY_*, then ``settings``."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    return {**environ, **settings}
+
+
 @pytest.fixture
 def base_environ(instance_path: Path, clean_database: str) -> dict[str, str]:
     """The environment a test gateway runs with."""
-    return {
-        "GATEWAY_INSTANCE_PATH": str(instance_path),
-        "GATEWAY_DATABASE_URL": clean_database,
-        "GATEWAY_SECRET_KEY": TEST_SECRET,
-        "GATEWAY_TOKEN_PEPPER": TEST_PEPPER,
-        "GATEWAY_PUBLIC_URL": "https://gateway.test",
-        "GATEWAY_ENCRYPTION_KEYS": TEST_KEYRING,
-    }
+    return gateway_environ(instance_path, clean_database, "https://gateway.test")
 
 
 @pytest.fixture

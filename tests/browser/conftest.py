@@ -50,7 +50,7 @@ from gateway import db
 from gateway.elicitations.models import Elicitation
 from gateway.serving.tls import dev_certificate_paths
 from tests.browser.stripe_stub import StripeStub, running_stub
-from tests.conftest import TEST_KEYRING, TEST_PEPPER, TEST_SECRET, _empty_tables
+from tests.conftest import _empty_tables, gateway_environ, process_environ
 from tests.integration.conftest import free_port, tls_context
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -215,15 +215,9 @@ def gateway(chromium_path: Path, database_url: str, stripe_stub: StripeStub,
     instance.mkdir(mode=0o700)
     port = free_port()
     origin = f"https://localhost:{port}"
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    # Links are built from the origin and every request's Host is checked against it.
+    environ = process_environ(gateway_environ(instance, database_url, origin))
     environ.update({
-        "GATEWAY_INSTANCE_PATH": str(instance),
-        "GATEWAY_DATABASE_URL": database_url,
-        "GATEWAY_SECRET_KEY": TEST_SECRET,
-        "GATEWAY_TOKEN_PEPPER": TEST_PEPPER,
-        "GATEWAY_ENCRYPTION_KEYS": TEST_KEYRING,
-        # Links are built from it and every request's Host is checked against it.
-        "GATEWAY_PUBLIC_URL": origin,
         "GATEWAY_LOGIN_BACKEND": "local",
         # Every accessibility tour shows the failed-login page once, all from one address.
         "GATEWAY_RATELIMIT_LOGIN": "100 per 15 minutes",

@@ -9,7 +9,6 @@ and its own users, so tests do not see each other's elicitations.
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import subprocess
@@ -35,7 +34,7 @@ from gateway.serving.tls import dev_certificate_paths
 from gateway.settings import load_settings
 from gateway.vault.keyring import load_keyring
 from gateway.webhooks.http import OutboundPolicy
-from tests.conftest import TEST_KEYRING, TEST_PEPPER, TEST_SECRET, _empty_tables
+from tests.conftest import _empty_tables, gateway_environ, process_environ
 from tests.integration.conftest import free_port, tls_context
 
 PASSWORD = "correct horse battery staple"
@@ -86,20 +85,14 @@ def served(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     port = free_port()
     origin = f"https://localhost:{port}"
     settings_environ = {
-        "GATEWAY_INSTANCE_PATH": str(instance),
-        "GATEWAY_DATABASE_URL": database_url,
-        "GATEWAY_SECRET_KEY": TEST_SECRET,
-        "GATEWAY_TOKEN_PEPPER": TEST_PEPPER,
-        "GATEWAY_ENCRYPTION_KEYS": TEST_KEYRING,
-        "GATEWAY_PUBLIC_URL": origin,
+        **gateway_environ(instance, database_url, origin),
         "GATEWAY_LOGIN_BACKEND": "local",
         # Payments on, so payment elicitations can be made; no test opens Checkout.
         "GATEWAY_STRIPE_SECRET_KEY": "sk_test_" + "x" * 24,
         "GATEWAY_STRIPE_WEBHOOK_SECRET": "whsec_" + "y" * 32,
         "GATEWAY_RATELIMIT_LOGIN": "1000 per minute",
     }
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    environ.update(settings_environ)
+    environ = process_environ(settings_environ)
     log = workdir / "serve.log"
     with log.open("w") as handle:
         process = subprocess.Popen(

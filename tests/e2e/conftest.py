@@ -44,7 +44,7 @@ from gateway.serving.tls import dev_certificate_paths
 from tests.browser.conftest import CHROMIUM, CHROMIUM_FLAGS, TIMEOUT_MS, spki_digest
 from tests.browser.stripe_stub import StripeStub, running_stub
 from tests.client.conftest import _wait_until_healthy
-from tests.conftest import TEST_KEYRING, TEST_PEPPER, TEST_SECRET, _empty_tables
+from tests.conftest import _empty_tables, gateway_environ, process_environ
 from tests.e2e.mcp_user import WAIT
 from tests.integration.conftest import free_port
 from tests.integration.payments.conftest import event_body, stripe_signature
@@ -121,14 +121,8 @@ def gateway(chromium_path: Path, database_url: str, oidc_provider: OidcProvider,
     instance.mkdir(mode=0o700)
     port = free_port()
     origin = f"https://localhost:{port}"
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    environ = process_environ(gateway_environ(instance, database_url, origin))
     environ.update({
-        "GATEWAY_INSTANCE_PATH": str(instance),
-        "GATEWAY_DATABASE_URL": database_url,
-        "GATEWAY_SECRET_KEY": TEST_SECRET,
-        "GATEWAY_TOKEN_PEPPER": TEST_PEPPER,
-        "GATEWAY_ENCRYPTION_KEYS": TEST_KEYRING,
-        "GATEWAY_PUBLIC_URL": origin,
         "GATEWAY_LOGIN_BACKEND": "oidc",
         "GATEWAY_OIDC_ISSUER": oidc_provider.issuer,
         "GATEWAY_OIDC_CLIENT_ID": oidc_provider.client_id,

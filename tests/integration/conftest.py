@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import ssl
 import subprocess
@@ -13,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import process_environ
 
 GATEWAY = [sys.executable, "-m", "gateway"]
 
@@ -27,8 +28,7 @@ class Result:
 @pytest.fixture
 def cli_environ(base_environ: dict[str, str]) -> dict[str, str]:
     """The process environment for gateway commands: no stray GATEWAY_* from outside."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    return {**environ, **base_environ, "GATEWAY_PUBLIC_URL": "https://localhost:8443"}
+    return process_environ({**base_environ, "GATEWAY_PUBLIC_URL": "https://localhost:8443"})
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ the config's pepper). The same database under another keyring opens nothing.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from gateway.settings import load_settings
 from gateway.vault.envelope import VaultError
 from gateway.vault.keyring import read_keyring_file
 from tests import databases
-from tests.conftest import Api, client_for
+from tests.conftest import Api, client_for, process_environ
 from tests.integration.conftest import GATEWAY
 from tests.integration.portal.conftest import PASSWORD, Browser
 
@@ -76,11 +75,9 @@ class Instance:
 @pytest.fixture
 def make_instance(tmp_path: Path) -> Callable[..., Instance]:
     """Instance folders, each with only the GATEWAY_* settings given."""
-    outside = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-
     def make(name: str, **settings: str) -> Instance:
         path = tmp_path / name
-        return Instance(path, {**outside, "GATEWAY_INSTANCE_PATH": str(path), **settings})
+        return Instance(path, process_environ({"GATEWAY_INSTANCE_PATH": str(path), **settings}))
 
     return make
 
