@@ -24,6 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -283,13 +284,20 @@ def spki_digest(certfile: Path) -> str:
 
 @pytest.fixture(scope="package")
 def browser(chromium_path: Path, gateway: Gateway) -> Iterator[Browser]:
-    """Headless Chromium that accepts the gateway's self-signed certificate and no other.
+    """Headless Chromium that accepts the gateway's self-signed certificate and no other."""
+    with pinned_chromium(chromium_path, gateway.certfile) as launched:
+        yield launched
+
+
+@contextmanager
+def pinned_chromium(chromium_path: Path, certfile: Path) -> Iterator[Browser]:
+    """Headless Chromium that accepts the certificate in ``certfile`` and no other.
 
     ``--ignore-certificate-errors-spki-list`` pins exactly that key, so TLS is
     still checked for every other certificate and the contexts keep
     ``ignore_https_errors=False``.
     """
-    pin = f"--ignore-certificate-errors-spki-list={spki_digest(gateway.certfile)}"
+    pin = f"--ignore-certificate-errors-spki-list={spki_digest(certfile)}"
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(
             executable_path=str(chromium_path), headless=True, args=[*CHROMIUM_FLAGS, pin])

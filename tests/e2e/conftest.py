@@ -35,13 +35,12 @@ from playwright.sync_api import (
     ConsoleMessage,
     Page,
     expect,
-    sync_playwright,
 )
 
 from gateway import db
 from gateway.client import GatewayClient
 from gateway.serving.tls import dev_certificate_paths
-from tests.browser.conftest import CHROMIUM, CHROMIUM_FLAGS, TIMEOUT_MS, spki_digest
+from tests.browser.conftest import CHROMIUM, TIMEOUT_MS, pinned_chromium
 from tests.browser.stripe_stub import StripeStub, running_stub
 from tests.client.conftest import _wait_until_healthy
 from tests.conftest import _empty_tables, gateway_environ, process_environ
@@ -242,14 +241,8 @@ def token_of(oidc_provider: OidcProvider) -> Callable[[str], str]:
 @pytest.fixture(scope="package")
 def browser(chromium_path: Path, gateway: Gateway) -> Iterator[Browser]:
     """Headless Chromium that accepts the gateway's self-signed certificate and no other."""
-    pin = f"--ignore-certificate-errors-spki-list={spki_digest(gateway.certfile)}"
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(
-            executable_path=str(chromium_path), headless=True, args=[*CHROMIUM_FLAGS, pin])
-        try:
-            yield launched
-        finally:
-            launched.close()
+    with pinned_chromium(chromium_path, gateway.certfile) as launched:
+        yield launched
 
 
 @dataclass

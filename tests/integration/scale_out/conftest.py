@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from playwright.sync_api import Browser, BrowserContext, sync_playwright
+from playwright.sync_api import Browser, BrowserContext
 
 from gateway import db
 from gateway.clock import SystemClock
@@ -41,11 +41,10 @@ from gateway.identity import service as identity
 from gateway.serving.tls import make_self_signed
 from tests.browser.conftest import (
     CHROMIUM,
-    CHROMIUM_FLAGS,
     PASSWORD,
     TIMEOUT_MS,
     Watch,
-    spki_digest,
+    pinned_chromium,
 )
 from tests.integration.api.test_rate_limits import REDIS_URL
 from tests.integration.conftest import GATEWAY, Server, tls_context
@@ -351,14 +350,8 @@ def browser(certificate: tuple[Path, Path]) -> Iterator[Browser]:
     require(CHROMIUM.is_file(), f"{CHROMIUM} is missing: the scale-out tests log in with "
                                 "Debian's chromium (`apt-get install chromium`)")
     certfile, _ = certificate
-    pin = f"--ignore-certificate-errors-spki-list={spki_digest(certfile)}"
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                              args=[*CHROMIUM_FLAGS, pin])
-        try:
-            yield launched
-        finally:
-            launched.close()
+    with pinned_chromium(CHROMIUM, certfile) as launched:
+        yield launched
 
 
 @pytest.fixture
