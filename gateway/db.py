@@ -17,7 +17,7 @@ from typing import Any
 
 from flask import Flask, current_app, g
 from sqlalchemy import Connection, DateTime, Engine, MetaData, create_engine, event
-from sqlalchemy.engine import Dialect
+from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.types import TypeDecorator
@@ -66,16 +66,31 @@ _HOLDS_FILE_LOCK = "gateway.write_file_lock"
 
 def make_engine(database_url: str, **options: Any) -> Engine:
     """An engine for the URL; SQLite gets WAL, foreign keys and a busy timeout."""
+    # A pool large enough for the requests a busy worker process serves at
+    # once: a connection returned to a full pool is closed, and one opened
+    # for the next request, so a pool smaller than the usual concurrency
+    # opens and closes connections all the time (for PostgreSQL, a new
+    # server process each).
     if database_url.startswith("sqlite"):
         options.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_S})
+        if _is_sqlite_file(database_url):
+            options.setdefault("pool_size", 32)
+            options.setdefault("max_overflow", 64)
         engine = create_engine(database_url, **options)
         event.listen(engine, "connect", _tune_sqlite)
         _serialize_sqlite_writers(engine)
         return engine
     options.setdefault("pool_pre_ping", True)
-    options.setdefault("pool_size", 10)
-    options.setdefault("max_overflow", 20)
+    options.setdefault("pool_size", 24)
+    options.setdefault("max_overflow", 8)
     return create_engine(database_url, **options)
+
+
+def _is_sqlite_file(database_url: str) -> bool:
+    # An in-memory database gets SQLAlchemy's one-connection-per-thread pool,
+    # which takes no pool sizes.
+    database = make_url(database_url).database
+    return bool(database) and database != ":memory:" and "mode=memory" not in database_url
 
 
 def _tune_sqlite(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:

@@ -87,12 +87,13 @@ def read(elicitation_id: str) -> tuple[Response, int]:
 
 
 def _current_state(client: ClientIdentity, elicitation_id: str) -> AnyElicitation:
-    # Most reads find the elicitation as stored; only an overdue one is loaded
-    # to be marked expired (in its own transaction, with its audit row).
+    # Most reads find the elicitation as stored, and change nothing: the
+    # read ends with the request's session. Only an overdue one is loaded to
+    # be marked expired, in a transaction of its own with its audit row.
+    snapshot = service.peek(db.session(), client, elicitation_id)
+    if not lifecycle.is_overdue(snapshot, current_clock().now()):
+        return snapshot
     with db.transaction() as session:
-        snapshot = service.peek(session, client, elicitation_id)
-        if not lifecycle.is_overdue(snapshot, current_clock().now()):
-            return snapshot
         return service.get(session, current_clock(), client, elicitation_id)
 
 

@@ -142,7 +142,7 @@ def _check_allowed(client: ClientIdentity, request: Create, catalog: Catalog,
 
 def _reusable(session: Session, client: ClientIdentity, request: Create,
               now: datetime) -> ElicitationSnapshot | None:
-    rows = session.execute(_REUSABLE, {
+    rows = session.connection().execute(_REUSABLE, {
         "client_id": client.id, "subject_iss": request.subject.iss,
         "subject_sub": request.subject.sub, "kind": request.kind, "now": now})
     # Newest first, sorted here rather than in SQL: an ORDER BY created_at
@@ -222,7 +222,9 @@ def peek(session: Session, client: ClientIdentity, elicitation_id: str) -> Elici
     """
     row = None
     if _ELICITATION_ID.fullmatch(elicitation_id):
-        row = session.execute(_PEEK, {"id": elicitation_id}).one_or_none()
+        # On the session's connection: a Core statement needs none of the
+        # ORM's execution machinery.
+        row = session.connection().execute(_PEEK, {"id": elicitation_id}).one_or_none()
     if row is None or row.client_id != client.id:
         raise NotFound(f"no elicitation {elicitation_id!r}")
     return ElicitationSnapshot(**row._asdict())

@@ -64,6 +64,8 @@ def public(view: View) -> View:
 def init_app(app: Flask, settings: Settings, children: Iterable[Blueprint]) -> None:
     """Mount the feature blueprints under /api/v1 behind authentication and limits."""
     parent = Blueprint("api", __name__, url_prefix=PREFIX)
+    # Limits first: a request with a wrong token still counts against its address.
+    ratelimit.limit_api(app, parent, settings)
     parent.before_request(_authenticate)
     csrf = app.extensions["csrf"]
     for child in children:
@@ -72,7 +74,6 @@ def init_app(app: Flask, settings: Settings, children: Iterable[Blueprint]) -> N
         # API takes only a bearer token, which no other site can make a
         # browser send, so its routes carry no CSRF token.
         csrf.exempt(child)
-    ratelimit.limit_api(app, parent, settings)
     app.register_blueprint(parent)
 
 

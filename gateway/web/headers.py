@@ -22,7 +22,8 @@ CSP: Final[dict[str, tuple[str, ...]]] = {
     # Nothing loads unless a directive below allows it.
     "default-src": ("'none'",),
     # Scripts only when the page marks them with this response's nonce:
-    # no inline handlers, no injected <script>.
+    # no inline handlers, no injected <script>. A response whose template
+    # asked for no nonce (JSON, most pages) gets 'none' here instead.
     "script-src": (f"'nonce-{NONCE}'",),
     # Our own stylesheet; no inline style, so injected markup cannot restyle
     # the page into a phishing form.
@@ -85,12 +86,14 @@ def csp_allow_here(directive: str, *sources: str) -> None:
     extra[directive] = (*extra.get(directive, ()), *sources)
 
 
-def build_csp(nonce: str, extra: dict[str, tuple[str, ...]] | None = None) -> str:
-    """The policy text for one response."""
+def build_csp(nonce: str | None, extra: dict[str, tuple[str, ...]] | None = None) -> str:
+    """The policy text for one response; without a nonce, no nonce source at all."""
     parts = []
     for directive, sources in CSP.items():
-        values = (*sources, *(extra or {}).get(directive, ()))
-        parts.append(" ".join((directive, *values)).replace(NONCE, nonce))
+        values = [*sources, *(extra or {}).get(directive, ())]
+        if nonce is None:
+            values = [value for value in values if NONCE not in value] or ["'none'"]
+        parts.append(" ".join((directive, *values)).replace(NONCE, nonce or ""))
     return "; ".join(parts)
 
 
@@ -115,7 +118,10 @@ def _add_headers(response: Response) -> Response:
         extra = dict(extra)
         for directive, sources in g.get(_EXTRA_ATTRIBUTE, {}).items():
             extra[directive] = (*extra.get(directive, ()), *sources)
-    response.headers["Content-Security-Policy"] = _csp_for(csp_nonce(), extra)
+    # A nonce only when the response's template asked for one: an answer
+    # without a page (JSON, redirects) allows no script at all.
+    nonce = g.get("csp_nonce")
+    response.headers["Content-Security-Policy"] = _csp_for(nonce, extra)
     headers = response.headers
     for name, value in STATIC_HEADERS.items():
         headers[name] = value
@@ -126,12 +132,15 @@ def _add_headers(response: Response) -> Response:
     return response
 
 
-def _csp_for(nonce: str, extra: dict[str, tuple[str, ...]]) -> str:
+def _csp_for(nonce: str | None, extra: dict[str, tuple[str, ...]]) -> str:
     # Every response gets a policy; most get the plain one, so its text is
     # built once and only the nonce is put in per response.
-    if not extra:
-        return _PLAIN_CSP_HEAD + nonce + _PLAIN_CSP_TAIL
-    return build_csp(nonce, extra)
+    if extra:
+        return build_csp(nonce, extra)
+    if nonce is None:
+        return _NO_SCRIPT_CSP
+    return _PLAIN_CSP_HEAD + nonce + _PLAIN_CSP_TAIL
 
 
 _PLAIN_CSP_HEAD, _PLAIN_CSP_TAIL = build_csp(NONCE).split(NONCE)
+_NO_SCRIPT_CSP: Final = build_csp(None)

@@ -4,25 +4,40 @@ Counters live in memory for one instance, or in Redis
 (GATEWAY_RATELIMIT_STORAGE_URL) when several instances share the load. A
 client over its limit gets 429 with Retry-After, as problem+json, and the
 refusal is counted for ``/metrics`` under the limit's scope.
+
+The login form's limits use Flask-Limiter's decorators. The API's two limits
+are checked by one hook of the API blueprint with the limiter's own
+strategy and storage: Flask-Limiter works out per request which of its
+limits apply, and on the API, where every route has the same two, that
+resolution cost more than the rest of a read.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 
 from flask import Blueprint, Flask, Response, current_app, g, request
 from flask_limiter import Limiter, RequestLimit
+from limits import RateLimitItem, parse_many
+from limits.errors import StorageError
 from limits.storage import MemoryStorage
+from limits.strategies import RateLimiter
 
+from gateway.errors import GatewayError
 from gateway.metrics import counters
 from gateway.settings import Settings
 from gateway.tokens import keyed_digest
 
+log = logging.getLogger(__name__)
+
 EXTENSION = "gateway.limiter"
+KEY_PREFIX = "gateway"
 HITS_EXTENSION = "gateway.ratelimit_hits"
 SWEEP_SECONDS = 5.0
 
@@ -75,7 +90,10 @@ def init_app(app: Flask, settings: Settings) -> Limiter:
         # A storage outage must not take the API down with it; counting
         # resumes when it is back.
         swallow_errors=True,
-        key_prefix="gateway",
+        key_prefix=KEY_PREFIX,
+        # Storage failures arrive as limits' StorageError, which the API's
+        # check below lets through the same way.
+        storage_options={"wrap_exceptions": True},
     )
     limiter.init_app(app)
     limiter.request_filter(_carries_no_limit)
@@ -84,15 +102,12 @@ def init_app(app: Flask, settings: Settings) -> Limiter:
     return limiter
 
 
-_LIMITED_BLUEPRINTS: Final = ("api", "identity")
-
-
 def _carries_no_limit() -> bool:
-    # Limits sit on the API and on the login form only. Every other request
-    # (pages, health checks, static files) skips the limiter's per-request
-    # work of resolving which limits apply, which costs as much as a page.
-    root = (request.blueprint or "").partition(".")[0]
-    return root not in _LIMITED_BLUEPRINTS
+    # Flask-Limiter's decorators sit on the login form only (the API checks
+    # its own, below). Every other request (pages, health checks, static
+    # files) skips the limiter's per-request work of resolving which limits
+    # apply, which costs as much as a page.
+    return (request.blueprint or "").partition(".")[0] != "identity"
 
 
 def counted(scope: str) -> Callable[[RequestLimit], None]:
@@ -108,13 +123,94 @@ def counted(scope: str) -> Callable[[RequestLimit], None]:
     return count
 
 
+class RateLimited(GatewayError):
+    status = 429
+    code = "too-many-requests"
+    title = "Too many requests"
+
+    def __init__(self, detail: str, retry_after: int) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+@dataclass(frozen=True, slots=True)
+class ApiLimit:
+    """One of the API's limits: its scope (the metrics label), its rates and whose budget."""
+
+    scope: str
+    rates: tuple[RateLimitItem, ...]
+    key: Callable[[], str]
+    whose: str
+
+
 def limit_api(app: Flask, blueprint: Blueprint, settings: Settings) -> None:
-    """Limit every route of ``blueprint`` per API token and per source address."""
+    """Limit every route of ``blueprint`` per API token and per source address.
+
+    Call it before the blueprint's authentication hook: a request with a
+    wrong token counts against its address too.
+    """
     limiter: Limiter = app.extensions[EXTENSION]
-    limiter.limit(settings.ratelimit_api, key_func=token_key, scope="api-token",
-                  on_breach=counted("api-token"))(blueprint)
-    limiter.limit(settings.ratelimit_api_ip, key_func=source_address, scope="api-ip",
-                  on_breach=counted("api-ip"))(blueprint)
+    limits = (
+        ApiLimit("api-token", tuple(parse_many(settings.ratelimit_api)), token_key,
+                 "this API token"),
+        ApiLimit("api-ip", tuple(parse_many(settings.ratelimit_api_ip)), source_address,
+                 "this address"),
+    )
+
+    def check() -> None:
+        check_api_limits(limiter.limiter, limits)
+
+    blueprint.before_request(check)
+    blueprint.after_request(_rate_limit_headers)
+
+
+def check_api_limits(strategy: RateLimiter, limits: tuple[ApiLimit, ...]) -> None:
+    """Count the request against each limit; 429 at the first one it breaches.
+
+    A storage outage lets the request through (as Flask-Limiter's
+    ``swallow_errors`` does for the login form): the API stays up, and
+    counting resumes when the storage is back.
+    """
+    shown: tuple[RateLimitItem, tuple[str, ...]] | None = None
+    try:
+        for limit in limits:
+            keys = (KEY_PREFIX, limit.key(), limit.scope)
+            for rate in limit.rates:
+                if not strategy.hit(rate, *keys):
+                    g.rate_limit = (rate, keys)
+                    current_app.extensions[HITS_EXTENSION].labels(limit.scope).inc()
+                    raise RateLimited(f"over the limit of {rate} for {limit.whose}; "
+                                      "retry after the Retry-After seconds",
+                                      _retry_after(strategy, rate, keys))
+                shown = shown or (rate, keys)
+    except StorageError:
+        log.exception("the rate limit storage failed; the request goes on uncounted")
+        return
+    g.rate_limit = shown
+
+
+def _retry_after(strategy: RateLimiter, rate: RateLimitItem, keys: tuple[str, ...]) -> int:
+    reset_at, _ = strategy.get_window_stats(rate, *keys)
+    return max(1, int(reset_at - time.time()) + 1)
+
+
+def _rate_limit_headers(response: Response) -> Response:
+    # The first limit's budget (the token's), or the breached one's.
+    if g.get("rate_limit") is None:
+        return response
+    rate, keys = g.rate_limit
+    limiter: Limiter = current_app.extensions[EXTENSION]
+    try:
+        reset_at, remaining = limiter.limiter.get_window_stats(rate, *keys)
+    except StorageError:
+        return response
+    response.headers["X-RateLimit-Limit"] = str(rate.amount)
+    response.headers["X-RateLimit-Remaining"] = str(remaining)
+    response.headers["X-RateLimit-Reset"] = str(int(reset_at))
+    return response
 
 
 def limit_logins(app: Flask, blueprint: Blueprint, settings: Settings) -> None:

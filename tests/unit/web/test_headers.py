@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from flask import Flask
+from flask import Flask, render_template_string
 from flask.testing import FlaskClient
 
 from gateway.web.headers import build_csp, csp_allow
@@ -36,12 +36,28 @@ def test_every_response_carries_the_security_headers(client: FlaskClient, path: 
     assert csp["base-uri"] == ["'none'"]
     assert csp["frame-ancestors"] == ["'none'"]
     assert csp["form-action"] == ["'self'"]
+    # None of these pages has a script, so none may run.
+    assert csp["script-src"] == ["'none'"]
+
+
+def _scripted_page_client(app: Flask) -> FlaskClient:
+    app.add_url_rule("/scripted", view_func=lambda: render_template_string(
+        '<script nonce="{{ csp_nonce() }}" src="/static/reveal.js"></script>'))
+    return client_for(app, "https://gateway.test")
+
+
+def test_a_page_with_a_script_allows_exactly_its_nonce(app: Flask) -> None:
+    response = _scripted_page_client(app).get("/scripted")
+    csp = csp_directives(response.headers["Content-Security-Policy"])
     assert len(csp["script-src"]) == 1
-    assert re.fullmatch(r"'nonce-[A-Za-z0-9_-]{24}'", csp["script-src"][0])
+    match = re.fullmatch(r"'nonce-([A-Za-z0-9_-]{24})'", csp["script-src"][0])
+    assert match, csp["script-src"]
+    assert f'nonce="{match.group(1)}"' in response.get_data(as_text=True)
 
 
-def test_nonce_is_new_for_every_response(client: FlaskClient) -> None:
-    nonces = {client.get("/").headers["Content-Security-Policy"] for _ in range(5)}
+def test_nonce_is_new_for_every_response(app: Flask) -> None:
+    client = _scripted_page_client(app)
+    nonces = {client.get("/scripted").headers["Content-Security-Policy"] for _ in range(5)}
     assert len(nonces) == 5
 
 
