@@ -195,6 +195,7 @@ def init_app(app: Flask, database_url: str) -> None:
     engine = make_engine(database_url)
     app.extensions["gateway.engine"] = engine
     app.extensions["gateway.sessionmaker"] = sessionmaker(engine, expire_on_commit=False)
+    app.extensions["gateway.reader"] = engine.execution_options(isolation_level="AUTOCOMMIT")
     app.teardown_appcontext(_close_session)
 
 
@@ -217,6 +218,19 @@ def session() -> Session:
     return result
 
 
+def reader() -> Connection:
+    """The request's connection for reads that change nothing, opened on first use.
+
+    It runs each statement on its own, outside any transaction, so a read
+    costs no BEGIN and no ROLLBACK: on PostgreSQL, two round trips fewer.
+    Reads that decide a change belong in the change's :func:`transaction`.
+    """
+    if "db_reader" not in g:
+        g.db_reader = current_app.extensions["gateway.reader"].connect()
+    connection: Connection = g.db_reader
+    return connection
+
+
 @contextmanager
 def transaction() -> Iterator[Session]:
     """Run the block as one transaction on the request's session: commit, or roll back."""
@@ -233,3 +247,11 @@ def _close_session(error: BaseException | None) -> None:
     current: Session | None = g.pop("db_session", None)
     if current is not None:
         current.close()
+    release_reader()
+
+
+def release_reader() -> None:
+    """Give the request's read connection back to the pool (a long-poll, before it waits)."""
+    connection: Connection | None = g.pop("db_reader", None)
+    if connection is not None:
+        connection.close()

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Final
 from urllib.parse import urlsplit
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -172,14 +172,14 @@ def identity_of(client: Client) -> ClientIdentity:
     return ClientIdentity(client.id, client.name, tuple(client.credential_types or ()))
 
 
-def authenticate(session: Session, token_digest: str | None) -> ClientIdentity:
+def authenticate(connection: Connection, token_digest: str | None) -> ClientIdentity:
     """The active client holding the live token with this keyed digest."""
     if token_digest is None:
         raise Unauthenticated("send the client's API token as `Authorization: Bearer gw_…`",
                               error=None)
     # The lookup is by digest: no stored token is ever compared with the
     # presented one, so there is no timing difference to measure.
-    row = session.connection().execute(_AUTHENTICATE, {"digest": token_digest}).first()
+    row = connection.execute(_AUTHENTICATE, {"digest": token_digest}).first()
     if row is None or row.revoked_at is not None:
         raise Unauthenticated("the API token is not valid: unknown or revoked")
     if row.status != "active":

@@ -87,10 +87,10 @@ def read(elicitation_id: str) -> tuple[Response, int]:
 
 
 def _current_state(client: ClientIdentity, elicitation_id: str) -> AnyElicitation:
-    # Most reads find the elicitation as stored, and change nothing: the
-    # read ends with the request's session. Only an overdue one is loaded to
-    # be marked expired, in a transaction of its own with its audit row.
-    snapshot = service.peek(db.session(), client, elicitation_id)
+    # Most reads find the elicitation as stored, and change nothing. Only an
+    # overdue one is loaded to be marked expired, in a transaction of its
+    # own with its audit row.
+    snapshot = service.peek(db.reader(), client, elicitation_id)
     if not lifecycle.is_overdue(snapshot, current_clock().now()):
         return snapshot
     with db.transaction() as session:
@@ -98,8 +98,9 @@ def _current_state(client: ClientIdentity, elicitation_id: str) -> AnyElicitatio
 
 
 def _hold(elicitation: AnyElicitation, wait: float) -> None:
-    # The database connection goes back to the pool while this thread waits.
+    # The database connections go back to the pool while this thread waits.
     db.session().close()
+    db.release_reader()
     until_expiry = (elicitation.expires_at - current_clock().now()).total_seconds()
     hub: WaitHub = current_app.extensions["gateway.waits"]
     hub.wait(elicitation.id, min(wait, max(until_expiry, 0)))

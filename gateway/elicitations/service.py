@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import and_, bindparam, insert, or_, select
+from sqlalchemy import Connection, and_, bindparam, insert, or_, select
 from sqlalchemy.orm import Session
 
 from gateway.audit import service as audit
@@ -214,7 +214,8 @@ def get(session: Session, clock: Clock, client: ClientIdentity, elicitation_id: 
     return elicitation
 
 
-def peek(session: Session, client: ClientIdentity, elicitation_id: str) -> ElicitationSnapshot:
+def peek(connection: Connection, client: ClientIdentity,
+         elicitation_id: str) -> ElicitationSnapshot:
     """The client's elicitation as stored, read without loading an ORM object.
 
     Unlike :func:`get` it leaves an overdue elicitation as it is; the caller
@@ -222,9 +223,7 @@ def peek(session: Session, client: ClientIdentity, elicitation_id: str) -> Elici
     """
     row = None
     if _ELICITATION_ID.fullmatch(elicitation_id):
-        # On the session's connection: a Core statement needs none of the
-        # ORM's execution machinery.
-        row = session.connection().execute(_PEEK, {"id": elicitation_id}).one_or_none()
+        row = connection.execute(_PEEK, {"id": elicitation_id}).one_or_none()
     if row is None or row.client_id != client.id:
         raise NotFound(f"no elicitation {elicitation_id!r}")
     return ElicitationSnapshot(**row._asdict())

@@ -91,7 +91,7 @@ def _authenticate() -> None:
     view = current_app.view_functions.get(request.endpoint or "")
     if getattr(view, _PUBLIC_ATTRIBUTE, False):
         return
-    g.client = authenticate(db.session(), ratelimit.token_digest())
+    g.client = authenticate(db.reader(), ratelimit.token_digest())
 
 
 def json_body(adapter: TypeAdapter[T]) -> T:
