@@ -93,8 +93,11 @@ def create(
     if existing is not None:
         outcome = Outcome(200, represent(existing, public_url, now))
     else:
-        created = _insert(session, clock, caller, request, now)
+        created = _new(caller, request, now)
+        # Represented before the writes: on SQLite a transaction that wrote
+        # holds the database's one write lock until it commits.
         outcome = Outcome(201, represent(created, public_url, now))
+        _insert(session, clock, caller, request, created)
     if idempotency_key is not None:
         session.add(IdempotencyRecord(
             client_id=caller.client.id, key=idempotency_key, request_digest=request_digest,
@@ -158,9 +161,8 @@ def _reusable(session: Session, client: ClientIdentity, request: Create,
     return None
 
 
-def _insert(session: Session, clock: Clock, caller: Caller, request: Create,
-            now: datetime) -> ElicitationSnapshot:
-    elicitation = ElicitationSnapshot(
+def _new(caller: Caller, request: Create, now: datetime) -> ElicitationSnapshot:
+    return ElicitationSnapshot(
         # 144 random bits: the id is the URL, so it must not be guessable.
         id=new_id("el_", 18),
         client_id=caller.client.id,
@@ -177,16 +179,20 @@ def _insert(session: Session, clock: Clock, caller: Caller, request: Create,
         opened_at=None,
         ended_at=None,
     )
-    # A plain INSERT: nothing in this transaction changes the row afterwards.
+
+
+def _insert(session: Session, clock: Clock, caller: Caller, request: Create,
+            elicitation: ElicitationSnapshot) -> None:
+    # A plain INSERT on the session's connection: nothing in this transaction
+    # changes the row afterwards, so it needs none of the ORM's machinery.
     values = {field: getattr(elicitation, field) for field in _SNAPSHOT_FIELDS}
     values["metadata"] = values.pop("metadata_")
-    session.execute(_INSERT, values)
+    details = {"client_id": caller.client.id, "kind": request.kind,
+               "credential_type": elicitation.credential_type,
+               "ttl_seconds": request.ttl_seconds}
+    session.connection().execute(_INSERT, values)
     audit.record(session, clock, actor=caller.actor, action="elicitation.created",
-                 target=elicitation.id, source_ip=caller.source_ip,
-                 details={"client_id": caller.client.id, "kind": request.kind,
-                          "credential_type": elicitation.credential_type,
-                          "ttl_seconds": request.ttl_seconds})
-    return elicitation
+                 target=elicitation.id, source_ip=caller.source_ip, details=details)
 
 
 def _credential_type(request: Create) -> str | None:
