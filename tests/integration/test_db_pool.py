@@ -1,0 +1,55 @@
+"""Pooled connections: a PostgreSQL connection that died while idle is replaced, unseen."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+
+from gateway import db
+
+
+@pytest.fixture
+def postgres_engine(database_url: str) -> Engine:
+    if not database_url.startswith("postgresql"):
+        pytest.skip("a SQLite file has no server to lose the connection")
+    return db.make_engine(database_url, pool_size=1, max_overflow=0)
+
+
+def _backend_pid(engine: Engine) -> int:
+    with engine.connect() as connection:
+        pid: int = connection.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    return pid
+
+
+def _terminate(database_url: str, pid: int) -> None:
+    admin = create_engine(database_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    admin.dispose()
+
+
+def test_a_connection_killed_while_idle_is_replaced_before_use(
+    postgres_engine: Engine, database_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first = _backend_pid(postgres_engine)
+    _terminate(database_url, first)
+    # As if it had sat in the pool past the idle threshold.
+    monkeypatch.setattr(db, "IDLE_PING_SECONDS", 0.0)
+    second = _backend_pid(postgres_engine)
+    assert second != first
+    postgres_engine.dispose()
+
+
+def test_a_busy_pool_is_not_pinged(postgres_engine: Engine) -> None:
+    pings: list[str] = []
+    original = postgres_engine.dialect.do_ping
+
+    def counting_ping(dbapi_connection: object) -> bool:
+        pings.append("ping")
+        return original(dbapi_connection)
+
+    postgres_engine.dialect.do_ping = counting_ping  # type: ignore[method-assign]
+    for _ in range(5):
+        _backend_pid(postgres_engine)
+    assert pings == []
+    postgres_engine.dispose()
