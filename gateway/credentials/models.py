@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, Index, String
+from sqlalchemy import ForeignKey, Index, String, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gateway.db import Base, UTCDateTime
@@ -17,6 +17,10 @@ class Credential(SealedColumns, Base):
     __tablename__ = "credentials"
     __table_args__ = (
         Index("ix_credentials_owner", "client_id", "subject_iss", "subject_sub", "type"),
+        # The live credential of an owner, found without reading the revoked ones.
+        Index("ix_credentials_live_owner", "client_id", "subject_iss", "subject_sub", "type",
+              sqlite_where=text("revoked_at IS NULL"),
+              postgresql_where=text("revoked_at IS NULL")),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
