@@ -85,10 +85,15 @@ def answer(elicitation_id: str) -> Page:
     if action not in ("submit", "decline"):
         raise GatewayError("This form sent an action the page does not have. Reload the page.")
     with db.transaction() as session:
-        elicitation = _open(session, elicitation_id, subject)
-        if action == "decline" and elicitation.status not in TERMINAL:
-            lifecycle.transition(session, current_clock(), elicitation, Status.DECLINED,
-                                 actor=actor_of(subject), source_ip=request.remote_addr)
+        if action == "decline":
+            elicitation = _open(session, elicitation_id, subject)
+            if elicitation.status not in TERMINAL:
+                lifecycle.transition(session, current_clock(), elicitation, Status.DECLINED,
+                                     actor=actor_of(subject), source_ip=request.remote_addr)
+        else:
+            # Opened with the capture below (or with the error page), in the
+            # same transaction: a key is checked before anything is written.
+            elicitation = _checked(session, elicitation_id, subject)
     if elicitation.status in TERMINAL:
         return _ended(session, elicitation)
     if elicitation.kind != "api_key":
