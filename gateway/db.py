@@ -230,7 +230,7 @@ def init_app(app: Flask, database_url: str) -> None:
     engine = make_engine(database_url)
     app.extensions["gateway.engine"] = engine
     app.extensions["gateway.sessionmaker"] = sessionmaker(engine, expire_on_commit=False)
-    app.extensions["gateway.reader"] = engine.execution_options(isolation_level="AUTOCOMMIT")
+    app.extensions["gateway.reader"] = _reader_engine(engine)
     app.teardown_appcontext(_close_session)
 
 
@@ -251,6 +251,15 @@ def session() -> Session:
         g.db_session = current_app.extensions["gateway.sessionmaker"]()
     result: Session = g.db_session
     return result
+
+
+def _reader_engine(engine: Engine) -> Engine:
+    # SQLite's driver opens a transaction only before a write, so its reads
+    # run outside one already; switching its mode at every checkout would
+    # cost more than it saves.
+    if engine.dialect.name == "sqlite":
+        return engine
+    return engine.execution_options(isolation_level="AUTOCOMMIT")
 
 
 def reader() -> Connection:

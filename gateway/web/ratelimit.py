@@ -80,9 +80,25 @@ def storage_uri(settings: Settings) -> str:
     return "gateway-memory://" if uri.startswith("memory://") else uri
 
 
+class LoginLimiter(Limiter):
+    """Flask-Limiter, consulted only for the requests its decorators can apply to.
+
+    Its hook runs before every request of the app and works out which of
+    its limits apply even when none does; its decorators sit on the login
+    form only (the API checks its own limits, below), so every other request
+    (API calls, pages, health checks, static files) skips that work.
+    """
+
+    def _check_request_limit(self, callable_name: str | None = None,
+                             in_middleware: bool = True) -> None:
+        if (request.blueprint or "").partition(".")[0] != "identity":
+            return
+        super()._check_request_limit(callable_name, in_middleware)
+
+
 def init_app(app: Flask, settings: Settings) -> Limiter:
     """Attach a limiter to the app; limits are added per blueprint with :func:`limit_api`."""
-    limiter = Limiter(
+    limiter = LoginLimiter(
         key_func=source_address,
         storage_uri=storage_uri(settings),
         strategy="fixed-window",
@@ -96,18 +112,9 @@ def init_app(app: Flask, settings: Settings) -> Limiter:
         storage_options={"wrap_exceptions": True},
     )
     limiter.init_app(app)
-    limiter.request_filter(_carries_no_limit)
     app.extensions[EXTENSION] = limiter
     app.extensions[HITS_EXTENSION] = counters.rate_limit_hits()
     return limiter
-
-
-def _carries_no_limit() -> bool:
-    # Flask-Limiter's decorators sit on the login form only (the API checks
-    # its own, below). Every other request (pages, health checks, static
-    # files) skips the limiter's per-request work of resolving which limits
-    # apply, which costs as much as a page.
-    return (request.blueprint or "").partition(".")[0] != "identity"
 
 
 def counted(scope: str) -> Callable[[RequestLimit], None]:
