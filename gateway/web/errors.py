@@ -78,8 +78,7 @@ def _render(status: int, code: str, title: str, detail: str,
 
 def _assign_request_id() -> None:
     # An id to find a request's lines by, not a secret: the process's seeded
-    # generator makes one without the system call (and its GIL hand-off)
-    # that secrets would cost on every request.
+    # generator (reseeded in each forked worker) needs no system call.
     g.request_id = f"{random.getrandbits(64):016x}"
 
 

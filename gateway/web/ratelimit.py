@@ -20,7 +20,6 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
 
 from flask import Blueprint, Flask, Response, current_app, g, request
 from flask_limiter import Limiter, RequestLimit
