@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
@@ -9,10 +11,12 @@ from gateway import db
 
 
 @pytest.fixture
-def postgres_engine(database_url: str) -> Engine:
+def postgres_engine(database_url: str) -> Iterator[Engine]:
     if not database_url.startswith("postgresql"):
         pytest.skip("a SQLite file has no server to lose the connection")
-    return db.make_engine(database_url, pool_size=1, max_overflow=0)
+    engine = db.make_engine(database_url, pool_size=1, max_overflow=0)
+    yield engine
+    engine.dispose()
 
 
 def _backend_pid(engine: Engine) -> int:
@@ -37,7 +41,6 @@ def test_a_connection_killed_while_idle_is_replaced_before_use(
     monkeypatch.setattr(db, "IDLE_PING_SECONDS", 0.0)
     second = _backend_pid(postgres_engine)
     assert second != first
-    postgres_engine.dispose()
 
 
 def test_a_busy_pool_is_not_pinged(postgres_engine: Engine) -> None:
@@ -52,4 +55,3 @@ def test_a_busy_pool_is_not_pinged(postgres_engine: Engine) -> None:
     for _ in range(5):
         _backend_pid(postgres_engine)
     assert pings == []
-    postgres_engine.dispose()
