@@ -39,7 +39,7 @@ from gateway.identity.sessions import Subject
 from gateway.identity.web import actor_of
 from gateway.settings import Settings
 from gateway.web.context import current_clock
-from gateway.webhooks.http import OutboundPolicy, guard_session, guarded_session
+from gateway.webhooks.http import BlockedDestination, OutboundPolicy, guard_session, guarded_session
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,15 @@ class ProviderUnavailable(GatewayError):
     status = 502
     code = "identity-provider-unavailable"
     title = "The identity provider did not answer"
+
+
+def _refused(error: BlockedDestination) -> ProviderUnavailable:
+    # A setting, not an outage: the operator configured an issuer the
+    # outbound guard refuses (plain http, a private address). The log says
+    # which; the user learns only that the operator must act.
+    log.error("identity provider request refused by the outbound guard: %s", error)
+    return ProviderUnavailable("the gateway may not connect to its identity provider as "
+                               "configured; its operator must correct the issuer setting")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +145,8 @@ class Provider:
             response = self.http().get(url, headers={"Accept": "application/json"})
             response.raise_for_status()
             document: dict[str, Any] = response.json()
+        except BlockedDestination as error:
+            raise _refused(error) from None
         except (requests.RequestException, ValueError) as error:
             log.warning("identity provider request failed: %s", type(error).__name__)
             raise ProviderUnavailable("the identity provider could not be reached; try again "
@@ -154,6 +165,8 @@ class Provider:
         except OAuthError as error:
             raise LoginError("the identity provider refused the login "
                              f"({error.error}); start again from the app") from None
+        except BlockedDestination as error:
+            raise _refused(error) from None
         except requests.RequestException as error:
             log.warning("token request failed: %s", type(error).__name__)
             raise ProviderUnavailable("the identity provider could not be reached; try again "

@@ -210,3 +210,24 @@ def test_the_phishing_defence_holds_with_oidc(
     done = alices.post_form(f"/e/{link['id']}", {"action": "submit", "secret": "alice-key-42"})
     assert "This request is complete" in done.get_data(as_text=True)
     assert api.get(f"/api/v1/elicitations/{link['id']}").get_json()["status"] == "completed"
+
+
+@pytest.mark.parametrize(("issuer", "allowed", "words"), [
+    # Nothing listens there: an outage, worth another try.
+    ("http://127.0.0.1:9", "127.0.0.1:9", "try again"),
+    # Plain http to a host the outbound guard does not allow: a setting to fix.
+    ("http://127.0.0.1:9", "", "operator"),
+])
+def test_a_provider_the_gateway_cannot_use_gets_a_clear_page(
+    make_settings: Callable[..., Settings], issuer: str, allowed: str, words: str,
+) -> None:
+    app = create_app(make_settings(
+        GATEWAY_LOGIN_BACKEND="oidc", GATEWAY_OIDC_ISSUER=issuer,
+        GATEWAY_OIDC_CLIENT_ID="gateway", GATEWAY_OIDC_CLIENT_SECRET="not-used",
+        GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS=allowed))
+    response = client_for(app).get("/login?next=/account")
+    page = response.get_data(as_text=True)
+    assert response.status_code == 502
+    assert "The identity provider did not answer" in page
+    assert words in page
+    db.engine_of(app).dispose()
