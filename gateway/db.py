@@ -6,6 +6,7 @@ and (later) its outbox row commit together or not at all.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import threading
@@ -77,6 +78,7 @@ def make_engine(database_url: str, **options: Any) -> Engine:
         if _is_sqlite_file(database_url):
             options.setdefault("pool_size", 32)
             options.setdefault("max_overflow", 64)
+            _create_private(make_url(database_url).database)
         engine = create_engine(database_url, **options)
         event.listen(engine, "connect", _tune_sqlite)
         _serialize_sqlite_writers(engine)
@@ -119,6 +121,18 @@ def _ping_when_idle(engine: Engine) -> None:
 
     event.listen(engine.pool, "checkin", stamp)
     event.listen(engine.pool, "checkout", ping)
+
+
+def _create_private(path: str | None) -> None:
+    # SQLite creates a missing database with the process's umask (often
+    # readable by everyone), and its -wal and -shm files take the database's
+    # mode. Created here first, owner-only. An existing file keeps the mode
+    # its operator gave it; a folder that does not exist is SQLite's error to
+    # report, at the first connection.
+    if not path:
+        return
+    with contextlib.suppress(FileExistsError, FileNotFoundError, NotADirectoryError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _is_sqlite_file(database_url: str) -> bool:
