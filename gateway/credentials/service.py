@@ -7,6 +7,7 @@ bound to its row.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -24,8 +25,10 @@ from gateway.elicitations.models import Elicitation
 from gateway.errors import Conflict, GatewayError, NotFound
 from gateway.pagination import decode_cursor, encode_cursor, timestamp
 from gateway.tokens import new_id
-from gateway.vault.envelope import bind, reveal_plaintext, seal
+from gateway.vault.envelope import VaultError, bind, reveal_plaintext, seal
 from gateway.vault.keyring import Keyring
+
+log = logging.getLogger(__name__)
 
 HINT_TAIL: Final = 4
 
@@ -60,6 +63,12 @@ def hint_of(secret: str) -> str:
     if len(secret) <= HINT_TAIL * 3:
         return "…"
     return "…" + secret[-HINT_TAIL:]
+
+
+class CredentialUnreadable(GatewayError):
+    status = 500
+    code = "credential-unreadable"
+    title = "The credential cannot be opened"
 
 
 def binding(credential: Credential) -> bytes:
@@ -167,7 +176,17 @@ def reveal_for_client(session: Session, clock: Clock, keyring: Keyring, credenti
     """The plaintext for the owning client's MCP server; audited."""
     if not credential.live:
         raise Conflict("this credential was revoked; ask the user for a new one")
-    secret = reveal_secret(keyring, credential)
+    try:
+        secret = reveal_secret(keyring, credential)
+    except VaultError:
+        # The keyring does not open what was sealed: restored beside the
+        # wrong keyring, or a retired key version. Nothing the caller can fix.
+        log.error("credential %s does not open with this keyring (sealed under key v%d)",
+                  credential.id, credential.envelope.key_version)
+        raise CredentialUnreadable(
+            "the gateway cannot open this credential with its keyring; its operator must "
+            "restore the keyring it was sealed with (`gateway status` shows the key versions "
+            "in use)") from None
     audit.record(session, clock, actor=actor, action="credential.revealed",
                  target=credential.id, source_ip=source_ip,
                  details={"client_id": credential.client_id, "type": credential.type})

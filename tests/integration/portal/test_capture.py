@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from gateway.audit.models import AuditEvent
 from gateway.clock import FixedClock
 from gateway.credentials.models import Credential
 from gateway.elicitations.models import Elicitation
+from gateway.vault import keyring
 from tests.conftest import Api, Registered
 from tests.integration.portal.conftest import Browser, csrf_of
 
@@ -187,3 +189,19 @@ def test_account_lists_and_revokes_the_users_own_keys(
     assert revoked.status_code == 303
     assert "no stored keys" in alices.get("/account").get_data(as_text=True)
     assert api.post(f"/api/v1/credentials/{credential['id']}/reveal").status_code == 409
+
+
+def test_a_key_sealed_under_another_keyring_is_refused_plainly(
+    app: Flask, api: Api, alices: Browser, link_for: Callable[..., dict[str, Any]],
+) -> None:
+    submit(alices, link_for("alice"))
+    [credential] = api.get("/api/v1/credentials").get_json()["items"]
+    # As after a restore beside the wrong keyring.
+    app.extensions[keyring.EXTENSION] = keyring.Keyring({1: os.urandom(32)})
+    refused = api.post(f"/api/v1/credentials/{credential['id']}/reveal")
+    assert refused.status_code == 500
+    assert refused.mimetype == "application/problem+json"
+    problem = refused.get_json()
+    assert problem["type"].endswith("credential-unreadable")
+    assert "keyring" in problem["detail"]
+    assert KEY not in refused.get_data(as_text=True)
