@@ -87,3 +87,19 @@ def test_the_limiter_is_keyed_by_digest_never_by_token(
     keys = [key.decode() for key in store.scan_iter("*gateway*")]
     assert keys, "the limiter wrote no counters"
     assert not any(token in key or token[3:] in key for key in keys)
+
+
+def test_a_storage_outage_lets_the_api_answer(
+    limited_app: Callable[..., Flask], register: Callable[..., Registered],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pytest.importorskip("redis")
+    # Nothing listens on port 1: every count fails.
+    app = limited_app(GATEWAY_RATELIMIT_API="1/minute",
+                      GATEWAY_RATELIMIT_STORAGE_URL="redis://127.0.0.1:1/0")
+    api = Api(client_for(app), register().api_token)
+    for _ in range(3):
+        response = api.get("/api/v1/elicitations")
+        assert response.status_code == 200
+        assert "X-RateLimit-Remaining" not in response.headers
+    assert "rate limit storage failed" in caplog.text
