@@ -14,10 +14,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from flask import Flask, current_app, g
-from sqlalchemy import Connection, DateTime, Engine, MetaData, create_engine, event
+from sqlalchemy import Connection, DateTime, Engine, MetaData, create_engine, event, text
 from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
@@ -299,6 +299,25 @@ def transaction() -> Iterator[Session]:
     except BaseException:
         current.rollback()
         raise
+
+
+def serialize(session: Session, *key: str) -> None:
+    """Make the transactions that name the same ``key`` run one after another from here.
+
+    The lock is held until the session's transaction ends, so what the
+    transaction reads after this call includes every change committed by
+    another transaction that named the key first. PostgreSQL: an advisory
+    lock on the key's hash (two keys that share a hash only wait for each
+    other more than needed). SQLite takes no lock here: writers run one at a
+    time and a transaction sees the database as of its first write, so the
+    caller reads what the lock guards after it has written (an UPDATE …
+    WHERE does both at once).
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(_ADVISORY_LOCK, {"key": "\x1f".join(key)})
+
+
+_ADVISORY_LOCK: Final = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
 
 
 def _close_session(error: BaseException | None) -> None:

@@ -11,9 +11,10 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import and_, delete, or_, select
+from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.orm import Session
 
+from gateway import db
 from gateway.audit import service as audit
 from gateway.clients.models import Client
 from gateway.clock import Clock
@@ -90,13 +91,14 @@ def capture(session: Session, clock: Clock, keyring: Keyring, elicitation: Elici
         type=credential_type.id, hint=hint_of(secret), elicitation_id=elicitation.id,
         created_at=now)
     credential.envelope = seal(keyring, secret.encode(), binding(credential))
-    superseded = _supersede(session, credential, now)
     session.add(credential)
     lifecycle.transition(session, clock, elicitation, Status.COMPLETED, actor=actor,
                          source_ip=source_ip, details={"credential_id": credential.id},
                          event_data={"credential": {"id": credential.id,
                                                     "type": credential.type,
                                                     "hint": credential.hint}})
+    # Last before the commit: the owner's lock is held from here to the end.
+    superseded = _supersede(session, credential, now)
     audit.record(session, clock, actor=actor, action="credential.captured",
                  target=credential.id, source_ip=source_ip,
                  details={"client_id": credential.client_id, "type": credential.type,
@@ -106,16 +108,24 @@ def capture(session: Session, clock: Clock, keyring: Keyring, elicitation: Elici
 
 def _supersede(session: Session, credential: Credential, now: datetime) -> list[str]:
     # A new key for the same client, user and type replaces the old one: the
-    # MCP server must not go on using a key the user has replaced.
-    older = session.scalars(select(Credential).where(
-        Credential.client_id == credential.client_id,
-        Credential.subject_iss == credential.subject_iss,
-        Credential.subject_sub == credential.subject_sub,
-        Credential.type == credential.type,
-        Credential.revoked_at.is_(None))).all()
-    for previous in older:
-        previous.revoked_at = now
-    return [previous.id for previous in older]
+    # MCP server must not go on using a key the user has replaced. Two
+    # captures for one owner at once must not both stay live, so each waits
+    # for the other's commit before it looks, and then sees its key.
+    db.serialize(session, "credential-owner", credential.client_id, credential.subject_iss,
+                 credential.subject_sub, credential.type)
+    revoked = session.execute(
+        update(Credential)
+        .where(Credential.client_id == credential.client_id,
+               Credential.subject_iss == credential.subject_iss,
+               Credential.subject_sub == credential.subject_sub,
+               Credential.type == credential.type,
+               Credential.revoked_at.is_(None),
+               Credential.id != credential.id)
+        .values(revoked_at=now)
+        .returning(Credential.id)
+        # No older credential is loaded in this session: nothing to update in it.
+        .execution_options(synchronize_session=False))
+    return sorted(revoked.scalars())
 
 
 def reveal_secret(keyring: Keyring, credential: Credential) -> str:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -14,9 +17,12 @@ from sqlalchemy import select
 from gateway import db
 from gateway.audit.models import AuditEvent
 from gateway.clock import FixedClock
+from gateway.credentials import service as credentials
+from gateway.credentials.catalog import current_catalog
 from gateway.credentials.models import Credential
 from gateway.elicitations.models import Elicitation
 from gateway.vault import keyring
+from gateway.vault.keyring import current_keyring
 from tests.conftest import Api, Registered
 from tests.integration.portal.conftest import Browser, csrf_of
 
@@ -116,6 +122,42 @@ def test_a_new_key_supersedes_the_old_one(
     assert [c["status"] for c in everything] == ["active", "revoked"]
     revealed = api.post(f"/api/v1/credentials/{everything[0]['id']}/reveal").get_json()
     assert revealed["secret"] == "wx-live-second-key-000000"
+
+
+def test_keys_captured_at_the_same_moment_leave_one_live(
+    app: Flask, alices: Browser, link_for: Callable[..., dict[str, Any]], clock: FixedClock,
+) -> None:
+    first, second = link_for("alice"), link_for("alice")
+    for link in (first, second):
+        alices.get(f"/e/{link['id']}")  # opened, as the user's two tabs are
+    first_holds_its_transaction = threading.Event()
+    first_may_commit = threading.Event()
+
+    def capture(link: dict[str, Any], secret: str, hold: bool) -> None:
+        with app.app_context(), db.transaction() as session:
+            elicitation = session.get(Elicitation, link["id"])
+            generic = current_catalog().get("generic")
+            assert elicitation is not None and generic is not None
+            credentials.capture(session, clock, current_keyring(), elicitation, generic, secret,
+                                actor="user:alice", source_ip=None)
+            if hold:
+                first_holds_its_transaction.set()
+                first_may_commit.wait(10)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        earlier = pool.submit(capture, first, "first-key-0000000000", True)
+        assert first_holds_its_transaction.wait(10)
+        later = pool.submit(capture, second, "second-key-000000000", False)
+        # The later capture waits for the earlier one's commit, not for this.
+        time.sleep(0.3)
+        first_may_commit.set()
+        earlier.result(10)
+        later.result(10)
+    with app.app_context():
+        stored = db.session().scalars(select(Credential)).all()
+    live = [c for c in stored if c.revoked_at is None]
+    assert len(stored) == 2
+    assert [c.elicitation_id for c in live] == [second["id"]]
 
 
 def test_a_second_submit_changes_nothing(
