@@ -37,12 +37,13 @@ from hold import HeldRequests, HoldStats
 from scenarios import SCENARIOS, Gateway, Request, Scenario, SetupError, send
 
 RESULTS_FOLDER = Path(__file__).with_name("results")
-# Enough for the 500 held long-polls of the API scenarios on 2 workers: the
+# Enough for the 500 held long-polls of the API scenarios on one worker: the
 # gateway lends a worker's threads minus a reserve (gateway serve's
-# wait_slots: 360 of 480) to waits, and the held connections do not split
-# evenly between the workers (about 280/220 seen). Idle threads cost the
-# other scenarios nothing: gunicorn starts them only as requests need them.
-DEFAULT_THREADS = 480
+# wait_slots: 504 of 672) to waits, and nothing makes the held connections
+# split evenly between the workers (280/220 and worse seen). Idle threads
+# cost the other scenarios nothing: gunicorn starts them only as requests
+# need them.
+DEFAULT_THREADS = 672
 
 
 class ScenarioFailed(Exception):
@@ -155,12 +156,12 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """Set up both targets, measure each scenario, report; undo the setup in any case."""
     scenarios = chosen_scenarios(args.scenario, args.hold)
-    capacity = servers.long_poll_capacity(args.workers, args.threads)
+    capacity = servers.long_poll_capacity(args.threads)
     for scenario in scenarios:
         if scenario.hold and scenario.hold.count > capacity:
-            _progress(f"{scenario.name}: {scenario.hold.count} held requests, but the gateway "
-                      f"parks at most {capacity} with {args.workers} workers x {args.threads} "
-                      "threads; the rest are answered at once and sent again")
+            _progress(f"{scenario.name}: {scenario.hold.count} held requests, but a gateway "
+                      f"worker parks at most {capacity} with {args.threads} threads; those "
+                      "past that on one worker are answered at once and sent again")
     wrk_path = wrk.ensure_installed()
     load = Load(duration=args.duration, connections=args.connections, threads=args.wrk_threads,
                 rounds=args.rounds, warmup=max(args.warmup, 0))

@@ -170,9 +170,13 @@ def gateway_options(port: int, workers: int, threads: int, instance: Path) -> Op
                    tls_files=dev_certificate_paths(instance))
 
 
-def long_poll_capacity(workers: int, threads: int) -> int:
-    """How many long-polls the gateway parks at once; past that, a wait answers at once."""
-    return workers * wait_slots(threads)
+def long_poll_capacity(threads: int) -> int:
+    """How many long-polls one gateway worker parks; past that, a wait answers at once.
+
+    Per worker, not in all: which worker accepts a connection is up to the
+    kernel, and held connections can pile up on one of them.
+    """
+    return wait_slots(threads)
 
 
 def server_config(environ: dict[str, str], options: Options) -> dict[str, Any]:
