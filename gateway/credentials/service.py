@@ -11,7 +11,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy import and_, bindparam, delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from gateway import db
@@ -20,6 +20,7 @@ from gateway.clients.models import Client
 from gateway.clock import Clock
 from gateway.credentials.catalog import CredentialType
 from gateway.credentials.models import Credential
+from gateway.db import UTCDateTime
 from gateway.elicitations import lifecycle
 from gateway.elicitations.lifecycle import Status
 from gateway.elicitations.models import Elicitation
@@ -97,7 +98,9 @@ def capture(session: Session, clock: Clock, keyring: Keyring, elicitation: Elici
                          event_data={"credential": {"id": credential.id,
                                                     "type": credential.type,
                                                     "hint": credential.hint}})
-    # Last before the commit: the owner's lock is held from here to the end.
+    # Written before the owner's lock is taken, so the lock is held only
+    # from here to the commit.
+    session.flush()
     superseded = _supersede(session, credential, now)
     audit.record(session, clock, actor=actor, action="credential.captured",
                  target=credential.id, source_ip=source_ip,
@@ -113,19 +116,27 @@ def _supersede(session: Session, credential: Credential, now: datetime) -> list[
     # for the other's commit before it looks, and then sees its key.
     db.serialize(session, "credential-owner", credential.client_id, credential.subject_iss,
                  credential.subject_sub, credential.type)
-    revoked = session.execute(
-        update(Credential)
-        .where(Credential.client_id == credential.client_id,
-               Credential.subject_iss == credential.subject_iss,
-               Credential.subject_sub == credential.subject_sub,
-               Credential.type == credential.type,
-               Credential.revoked_at.is_(None),
-               Credential.id != credential.id)
-        .values(revoked_at=now)
-        .returning(Credential.id)
-        # No older credential is loaded in this session: nothing to update in it.
-        .execution_options(synchronize_session=False))
+    revoked = session.connection().execute(_SUPERSEDE, {
+        "owner_client": credential.client_id, "owner_iss": credential.subject_iss,
+        "owner_sub": credential.subject_sub, "owner_type": credential.type,
+        "keep": credential.id, "revoked": now})
     return sorted(revoked.scalars())
+
+
+_CREDENTIALS: Final = Credential.metadata.tables[Credential.__tablename__]
+# Built once; the names of its parameters are not column names, which an
+# UPDATE reserves for its SET clause.
+_SUPERSEDE: Final = (
+    update(_CREDENTIALS)
+    .where(_CREDENTIALS.c.client_id == bindparam("owner_client"),
+           _CREDENTIALS.c.subject_iss == bindparam("owner_iss"),
+           _CREDENTIALS.c.subject_sub == bindparam("owner_sub"),
+           _CREDENTIALS.c.type == bindparam("owner_type"),
+           _CREDENTIALS.c.revoked_at.is_(None),
+           _CREDENTIALS.c.id != bindparam("keep"))
+    .values(revoked_at=bindparam("revoked", type_=UTCDateTime))
+    .returning(_CREDENTIALS.c.id)
+)
 
 
 def reveal_secret(keyring: Keyring, credential: Credential) -> str:

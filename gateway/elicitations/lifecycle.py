@@ -18,7 +18,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from sqlalchemy import update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -26,6 +26,7 @@ from gateway import changes
 from gateway.audit import service as audit
 from gateway.clients.models import Client
 from gateway.clock import Clock
+from gateway.db import UTCDateTime
 from gateway.elicitations.models import Elicitation, ElicitationSnapshot
 from gateway.errors import Conflict
 from gateway.webhooks import outbox
@@ -82,22 +83,15 @@ def transition(
     if to not in TRANSITIONS.get(current, frozenset()):
         raise IllegalTransition(f"an elicitation that is {current} cannot become {to}",
                                 elicitation_status=current.value)
-    values: dict[str, Any] = {"status": to.value}
-    if to is Status.OPENED:
-        values["opened_at"] = now
-    if to in TERMINAL:
-        values["ended_at"] = now
-    result = session.execute(
-        update(Elicitation)
-        .where(Elicitation.id == elicitation.id, Elicitation.status == current.value)
-        .values(**values)
-        .execution_options(synchronize_session=False)
-    )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    stamped = "opened_at" if to is Status.OPENED else "ended_at"
+    result = session.connection().execute(_MOVES[stamped], {
+        "elicitation_id": elicitation.id, "from_status": current.value,
+        "to_status": to.value, "at": now})
+    if result.rowcount != 1:
         session.refresh(elicitation)
         raise IllegalTransition(f"the elicitation became {elicitation.status} meanwhile",
                                 elicitation_status=elicitation.status)
-    for name, value in values.items():
+    for name, value in (("status", to.value), (stamped, now)):
         # The row is written already; mark the object's copy clean so the
         # flush does not write it twice.
         set_committed_value(elicitation, name, value)
@@ -113,8 +107,8 @@ def transition(
 
 def _enqueue_event(session: Session, clock: Clock, elicitation: Elicitation,
                    extra: dict[str, Any]) -> None:
-    client = session.get(Client, elicitation.client_id)
-    assert client is not None  # a foreign key guarantees it
+    webhook_url = session.connection().execute(
+        _WEBHOOK_URL, {"client_id": elicitation.client_id}).scalar_one()
     data = {
         "elicitation_id": elicitation.id,
         "status": elicitation.status,
@@ -123,5 +117,19 @@ def _enqueue_event(session: Session, clock: Clock, elicitation: Elicitation,
         "metadata": elicitation.metadata_,
         **extra,
     }
-    outbox.enqueue(session, clock, client, f"elicitation.{elicitation.status}", data,
-                   elicitation_id=elicitation.id)
+    outbox.enqueue(session, clock, elicitation.client_id, webhook_url,
+                   f"elicitation.{elicitation.status}", data, elicitation_id=elicitation.id)
+
+
+# Built once: a transition runs on every open, submit and cancel. Every move
+# stamps one time: opened_at when opened, ended_at when it ends.
+_TABLE: Final = Elicitation.metadata.tables[Elicitation.__tablename__]
+_MOVES: Final = {
+    stamped: update(_TABLE)
+    .where(_TABLE.c.id == bindparam("elicitation_id"),
+           _TABLE.c.status == bindparam("from_status"))
+    .values({"status": bindparam("to_status"), stamped: bindparam("at", type_=UTCDateTime)})
+    for stamped in ("opened_at", "ended_at")
+}
+_CLIENTS: Final = Client.metadata.tables[Client.__tablename__]
+_WEBHOOK_URL: Final = select(_CLIENTS.c.webhook_url).where(_CLIENTS.c.id == bindparam("client_id"))

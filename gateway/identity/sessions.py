@@ -18,10 +18,11 @@ from typing import Any, Final
 
 from flask import Flask, Request, Response
 from flask.sessions import SessionInterface, SessionMixin
-from sqlalchemy import Engine, delete, select, update
+from sqlalchemy import Engine, bindparam, delete, select, update
 from sqlalchemy.orm import sessionmaker
 from werkzeug.datastructures import CallbackDict
 
+from gateway import db
 from gateway.clock import Clock
 from gateway.identity.models import BrowserSession
 from gateway.settings import Secret, Settings
@@ -87,16 +88,16 @@ class ServerSessionInterface(SessionInterface):
         token = request.cookies.get(COOKIE_NAME)
         if not token:
             return ServerSession()
+        # On the request's read connection: most requests read their session
+        # and write nothing.
+        row = db.reader().execute(
+            _LOOKUP, {"digest": keyed_digest(self._pepper, token)}).one_or_none()
+        if row is None:
+            return ServerSession()
         now = self._clock.now()
-        with self._sessions() as db:
-            row = db.scalar(select(BrowserSession).where(
-                BrowserSession.digest == keyed_digest(self._pepper, token)))
-            if row is None:
-                return ServerSession()
-            if now - row.last_seen_at >= self._idle or now - row.created_at >= self._lifetime:
-                db.delete(row)
-                db.commit()
-                return ServerSession()
+        if now - row.last_seen_at >= self._idle or now - row.created_at >= self._lifetime:
+            self._delete(token)
+            return ServerSession()
         subject = Subject(row.subject_iss, row.subject_sub) \
             if row.subject_iss is not None and row.subject_sub is not None else None
         return ServerSession(dict(row.data), token=token, subject=subject,
@@ -129,8 +130,8 @@ class ServerSessionInterface(SessionInterface):
     def _insert(self, session: ServerSession) -> str:
         token = new_token("")
         now = self._clock.now()
-        with self._sessions.begin() as db:
-            db.add(BrowserSession(
+        with self._sessions.begin() as orm:
+            orm.add(BrowserSession(
                 digest=keyed_digest(self._pepper, token),
                 subject_iss=session.subject.iss if session.subject else None,
                 subject_sub=session.subject.sub if session.subject else None,
@@ -139,20 +140,28 @@ class ServerSessionInterface(SessionInterface):
 
     def _update(self, session: ServerSession) -> None:
         assert session.token is not None
-        with self._sessions.begin() as db:
-            db.execute(update(BrowserSession)
+        with self._sessions.begin() as orm:
+            orm.execute(update(BrowserSession)
                        .where(BrowserSession.digest == keyed_digest(self._pepper, session.token))
                        .values(data=dict(session), last_seen_at=self._clock.now()))
 
     def _touch(self, token: str) -> None:
-        with self._sessions.begin() as db:
-            db.execute(update(BrowserSession)
+        with self._sessions.begin() as orm:
+            orm.execute(update(BrowserSession)
                        .where(BrowserSession.digest == keyed_digest(self._pepper, token))
                        .values(last_seen_at=self._clock.now()))
 
     def _delete(self, token: str | None) -> None:
         if token is None:
             return
-        with self._sessions.begin() as db:
-            db.execute(delete(BrowserSession).where(
+        with self._sessions.begin() as orm:
+            orm.execute(delete(BrowserSession).where(
                 BrowserSession.digest == keyed_digest(self._pepper, token)))
+
+
+_SESSIONS: Final = BrowserSession.metadata.tables[BrowserSession.__tablename__]
+# Built once: every page request with a cookie runs it.
+_LOOKUP: Final = select(
+    _SESSIONS.c.subject_iss, _SESSIONS.c.subject_sub, _SESSIONS.c.data,
+    _SESSIONS.c.created_at, _SESSIONS.c.last_seen_at,
+).where(_SESSIONS.c.digest == bindparam("digest"))

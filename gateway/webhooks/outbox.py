@@ -12,7 +12,6 @@ from typing import Any, Final
 from sqlalchemy.orm import Session
 
 from gateway import changes
-from gateway.clients.models import Client
 from gateway.clock import Clock
 from gateway.pagination import timestamp
 from gateway.tokens import new_id
@@ -21,15 +20,16 @@ from gateway.webhooks.models import WebhookEvent
 CHANGE_TOPIC: Final = "webhook"
 
 
-def enqueue(session: Session, clock: Clock, client: Client, event_type: str,
-            data: dict[str, Any], *, elicitation_id: str | None = None) -> WebhookEvent | None:
+def enqueue(session: Session, clock: Clock, client_id: str, webhook_url: str | None,
+            event_type: str, data: dict[str, Any], *,
+            elicitation_id: str | None = None) -> WebhookEvent | None:
     """Add an event for the client; None when it has no webhook URL to send it to."""
-    if not client.webhook_url:
+    if not webhook_url:
         return None
     now = clock.now()
     body = json.dumps({"type": event_type, "timestamp": timestamp(now), "data": data},
                       separators=(",", ":"), ensure_ascii=False)
-    event = WebhookEvent(id=new_id("msg_", 18), client_id=client.id, type=event_type,
+    event = WebhookEvent(id=new_id("msg_", 18), client_id=client_id, type=event_type,
                          elicitation_id=elicitation_id, body=body, status="pending",
                          attempts=0, next_attempt_at=now, created_at=now)
     session.add(event)

@@ -137,7 +137,8 @@ def test_keys_captured_at_the_same_moment_leave_one_live(
         with app.app_context(), db.transaction() as session:
             elicitation = session.get(Elicitation, link["id"])
             generic = current_catalog().get("generic")
-            assert elicitation is not None and generic is not None
+            assert elicitation is not None
+            assert generic is not None
             credentials.capture(session, clock, current_keyring(), elicitation, generic, secret,
                                 actor="user:alice", source_ip=None)
             if hold:

@@ -55,8 +55,8 @@ def test_two_workers_deliver_a_thousand_events_once_each(
             client = session.get(Client, hooked.id)
             assert client is not None
             for n in range(EVENTS):
-                outbox.enqueue(session, SystemClock(), client, "elicitation.cancelled",
-                               {"n": n})
+                outbox.enqueue(session, SystemClock(), client.id, client.webhook_url,
+                               "elicitation.cancelled", {"n": n})
         delivered = _wait_for_delivered(app, EVENTS, timeout=30)
         assert delivered == EVENTS
     finally:
