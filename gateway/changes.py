@@ -20,8 +20,8 @@ import sqlite3
 import time
 from typing import Final, Protocol
 
-from sqlalchemy import Engine, text
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine, event, text
+from sqlalchemy.orm import Session, SessionTransaction
 
 CHANNEL: Final = "gateway_changes"
 SQLITE_POLL_SECONDS: Final = 0.02
@@ -30,9 +30,27 @@ SQLITE_POLL_SECONDS: Final = 0.02
 def announce(session: Session, topic: str) -> None:
     """Signal listeners, once the session's transaction commits, that ``topic`` changed."""
     if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_notify(:channel, :topic)"),
-                        {"channel": CHANNEL, "topic": topic})
+        # Sent just before the commit, once per topic however many changes
+        # the transaction made: one round trip, not one per change.
+        session.info.setdefault(_TOPICS, set()).add(topic)
     # SQLite: the commit itself bumps data_version, which listeners watch.
+
+
+_TOPICS: Final = "gateway.changed_topics"
+_NOTIFY: Final = text("SELECT pg_notify(:channel, :topic)")
+
+
+@event.listens_for(Session, "before_commit")
+def _notify(session: Session) -> None:
+    for topic in sorted(session.info.pop(_TOPICS, ())):
+        session.execute(_NOTIFY, {"channel": CHANNEL, "topic": topic})
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _forget(session: Session, transaction: SessionTransaction) -> None:
+    # Rolled back or closed: nothing changed, nobody is told.
+    if transaction.parent is None:
+        session.info.pop(_TOPICS, None)
 
 
 class Listener(Protocol):

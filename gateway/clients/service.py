@@ -167,6 +167,16 @@ _AUTHENTICATE: Final = (
 )
 
 
+def name_of(connection: Connection, client_id: str) -> str:
+    """The client's registered name, as pages show it to users."""
+    name: str = connection.execute(_CLIENT_NAME, {"client_id": client_id}).scalar_one()
+    return name
+
+
+_CLIENT_NAME: Final = select(Client.__table__.c.name).where(
+    Client.__table__.c.id == bindparam("client_id"))
+
+
 def identity_of(client: Client) -> ClientIdentity:
     """What the rules need of a client, from its mapped row."""
     return ClientIdentity(client.id, client.name, tuple(client.credential_types or ()))

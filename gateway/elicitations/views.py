@@ -16,7 +16,7 @@ from werkzeug.wrappers import Response
 
 from gateway import db
 from gateway.audit import service as audit
-from gateway.clients.models import Client
+from gateway.clients import service as clients
 from gateway.credentials import service as credentials
 from gateway.credentials import verification
 from gateway.credentials.catalog import current_catalog
@@ -71,7 +71,7 @@ def show(elicitation_id: str) -> Page:
     with db.transaction() as session:
         elicitation = _open(session, elicitation_id, subject)
     if elicitation.status in TERMINAL:
-        return _ended(session, elicitation)
+        return _ended(elicitation)
     return _render(session, elicitation, subject)
 
 
@@ -95,7 +95,7 @@ def answer(elicitation_id: str) -> Page:
             # same transaction: a key is checked before anything is written.
             elicitation = _checked(session, elicitation_id, subject)
     if elicitation.status in TERMINAL:
-        return _ended(session, elicitation)
+        return _ended(elicitation)
     if elicitation.kind != "api_key":
         raise GatewayError("This request is not for a key. Reload the page.")
     credential_type = current_catalog().get(elicitation.credential_type or "")
@@ -119,7 +119,7 @@ def answer(elicitation_id: str) -> Page:
             credentials.capture(session, current_clock(), current_keyring(), elicitation,
                                 credential_type, secret, actor=actor_of(subject),
                                 source_ip=request.remote_addr)
-    return _ended(session, elicitation)
+    return _ended(elicitation)
 
 
 def _open(session: Session, elicitation_id: str, subject: Subject) -> Elicitation:
@@ -160,9 +160,9 @@ def _refuse(elicitation: Elicitation, subject: Subject) -> None:
 
 def _render(session: Session, elicitation: Elicitation, subject: Subject,
             error: str | None = None) -> str:
-    client = session.get(Client, elicitation.client_id)
     context: dict[str, Any] = {
-        "elicitation": elicitation, "client": client, "subject": subject, "error": error,
+        "elicitation": elicitation, "subject": subject, "error": error,
+        "client_name": clients.name_of(db.reader(), elicitation.client_id),
         "expires_iso": timestamp(elicitation.expires_at),
         "expires_text": _expiry_text(elicitation.expires_at, current_clock().now()),
     }
@@ -174,11 +174,10 @@ def _render(session: Session, elicitation: Elicitation, subject: Subject,
     return payments.checkout_page(session, context)
 
 
-def _ended(session: Session, elicitation: Elicitation) -> str:
+def _ended(elicitation: Elicitation) -> str:
     heading, tone, text = ENDED[Status(elicitation.status)]
-    client = session.get(Client, elicitation.client_id)
     return render_template("elicitation_ended.html", heading=heading, tone=tone, text=text,
-                           client=client)
+                           client_name=clients.name_of(db.reader(), elicitation.client_id))
 
 
 def _expiry_text(expires_at: datetime, now: datetime) -> str:

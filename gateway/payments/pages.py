@@ -14,7 +14,8 @@ from typing import Any
 from flask import render_template
 from sqlalchemy.orm import Session
 
-from gateway.clients.models import Client
+from gateway import db
+from gateway.clients import service as clients
 from gateway.elicitations.lifecycle import OPEN
 from gateway.elicitations.models import Elicitation
 from gateway.payments import service
@@ -44,7 +45,7 @@ def what_is_paid(elicitation: Elicitation) -> dict[str, Any]:
 def checkout_page(session: Session, context: dict[str, Any]) -> str:
     """The payment request: what, how much, to whom, and the one button to Stripe.
 
-    ``context`` is the elicitation page's (elicitation, client, subject, expiry).
+    ``context`` is the elicitation page's (elicitation, client_name, subject, expiry).
     """
     elicitation: Elicitation = context["elicitation"]
     latest = service.latest_payment(session, elicitation.id)
@@ -55,9 +56,8 @@ def checkout_page(session: Session, context: dict[str, Any]) -> str:
                            paid=what_is_paid(elicitation), processing=processing, **context)
 
 
-def outcome_page(session: Session, elicitation: Elicitation, payment: Payment) -> str:
+def outcome_page(elicitation: Elicitation, payment: Payment) -> str:
     """Back from Stripe: paid, processing, failed, or not paid with a way to try again."""
-    client = session.get(Client, elicitation.client_id)
     can_retry = payment.status in (PaymentStatus.OPEN, PaymentStatus.EXPIRED) and \
         elicitation.status in OPEN
     if can_retry:
@@ -67,4 +67,5 @@ def outcome_page(session: Session, elicitation: Elicitation, payment: Payment) -
     heading = HEADINGS.get(PaymentStatus(payment.status), "Not paid")
     return render_template("payment_outcome.html", status=payment.status, amount=amount,
                            heading=heading,
-                           client=client, elicitation=elicitation, can_retry=can_retry)
+                           client_name=clients.name_of(db.reader(), elicitation.client_id),
+                           elicitation=elicitation, can_retry=can_retry)

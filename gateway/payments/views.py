@@ -46,7 +46,7 @@ def checkout(elicitation_id: str) -> Page:
     with db.transaction() as session:
         elicitation = _open(session, elicitation_id, subject)
         if elicitation.status in TERMINAL:
-            return _ended(session, elicitation)
+            return _ended(elicitation)
         if elicitation.kind != "payment":
             raise GatewayError("This request is not a payment. Reload the page.")
         try:
@@ -56,7 +56,7 @@ def checkout(elicitation_id: str) -> Page:
         except PaymentInProgress:
             payment = service.latest_payment(session, elicitation.id)
             assert payment is not None
-            return pages.outcome_page(session, elicitation, payment)
+            return pages.outcome_page(elicitation, payment)
     if plan.reuse_url is not None:
         return redirect(plan.reuse_url, code=303)
     assert plan.request is not None
@@ -68,7 +68,7 @@ def checkout(elicitation_id: str) -> Page:
                 # Checked again: the elicitation may have ended while Stripe answered.
                 elicitation = _open(session, elicitation_id, subject)
                 if elicitation.status in TERMINAL:
-                    return _ended(session, elicitation)
+                    return _ended(elicitation)
                 payment = service.record_checkout(session, current_clock(), elicitation, plan,
                                                   created, actor=actor, source_ip=source_ip)
                 url = payment.checkout_url
@@ -98,7 +98,7 @@ def returned(elicitation_id: str) -> Page:
         settled = payment.status not in (PaymentStatus.OPEN, PaymentStatus.PROCESSING)
         if settled:
             # The webhook got here first; Stripe has nothing newer to say.
-            return pages.outcome_page(session, elicitation, payment)
+            return pages.outcome_page(elicitation, payment)
     checkout = _stripe().retrieve_checkout_session(session_id)
     with db.transaction() as session:
         elicitation = _checked(session, elicitation_id, subject)
@@ -106,7 +106,7 @@ def returned(elicitation_id: str) -> Page:
                                  actor=actor_of(subject), source_ip=request.remote_addr)
         if payment is None:
             raise NotFound(_NOT_OURS)
-        return pages.outcome_page(session, elicitation, payment)
+        return pages.outcome_page(elicitation, payment)
 
 
 @blueprint.post("/stripe/webhook")
