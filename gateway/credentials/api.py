@@ -62,9 +62,9 @@ def list_credentials() -> Response:
 def reveal(credential_id: str) -> Response:
     """The plaintext key, for the MCP server that asked for it; audited, never cached."""
     with db.transaction() as session:
-        credential = service.get_for_client(session, current_client().id, credential_id)
-        secret = service.reveal_for_client(session, current_clock(), current_keyring(), credential,
-                                           actor=_actor(), source_ip=request.remote_addr)
+        credential, secret = service.reveal_for_client(
+            session, current_clock(), current_keyring(), current_client().id, credential_id,
+            actor=_actor(), source_ip=request.remote_addr)
     return jsonify(id=credential.id, type=credential.type, secret=secret)
 
 

@@ -8,6 +8,7 @@ bound to its row.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -27,7 +28,7 @@ from gateway.elicitations.models import Elicitation
 from gateway.errors import Conflict, GatewayError, NotFound
 from gateway.pagination import decode_cursor, encode_cursor, timestamp
 from gateway.tokens import new_id
-from gateway.vault.envelope import VaultError, bind, reveal_plaintext, seal
+from gateway.vault.envelope import Envelope, VaultError, bind, reveal_plaintext, seal
 from gateway.vault.keyring import Keyring
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,20 @@ class CredentialUnreadable(GatewayError):
     title = "The credential cannot be opened"
 
 
-def binding(credential: Credential) -> bytes:
+@dataclass(frozen=True, slots=True)
+class SealedCredential:
+    """A credential as a reveal reads it: whose it is, and its envelope; no ORM object."""
+
+    id: str
+    client_id: str
+    subject_iss: str
+    subject_sub: str
+    type: str
+    revoked_at: datetime | None
+    envelope: Envelope
+
+
+def binding(credential: Credential | SealedCredential) -> bytes:
     """The associated data that ties a credential's ciphertext to its row."""
     return bind(purpose="credential", id=credential.id, client_id=credential.client_id,
                 subject_iss=credential.subject_iss, subject_sub=credential.subject_sub,
@@ -139,7 +153,7 @@ _SUPERSEDE: Final = (
 )
 
 
-def reveal_secret(keyring: Keyring, credential: Credential) -> str:
+def reveal_secret(keyring: Keyring, credential: Credential | SealedCredential) -> str:
     """The plaintext key; call only to hand it to its owner's MCP server."""
     return reveal_plaintext(keyring, credential.envelope, binding(credential)).decode()
 
@@ -192,10 +206,19 @@ def list_for_client(session: Session, client_id: str, *, subject_iss: str | None
     return page, encode_cursor(page[-1].created_at, page[-1].id) if more else None
 
 
-def reveal_for_client(session: Session, clock: Clock, keyring: Keyring, credential: Credential,
-                      *, actor: str, source_ip: str | None) -> str:
-    """The plaintext for the owning client's MCP server; audited."""
-    if not credential.live:
+def reveal_for_client(session: Session, clock: Clock, keyring: Keyring, client_id: str,
+                      credential_id: str, *, actor: str,
+                      source_ip: str | None) -> tuple[SealedCredential, str]:
+    """The client's credential and its plaintext, for the owning MCP server; audited."""
+    # One prebuilt read of the columns the vault needs: this runs on every
+    # reveal, and loads no ORM object.
+    row = session.connection().execute(_SEALED, {"credential_id": credential_id}).one_or_none()
+    if row is None or row.client_id != client_id:
+        raise NotFound(f"no credential {credential_id!r}")
+    credential = SealedCredential(
+        row.id, row.client_id, row.subject_iss, row.subject_sub, row.type, row.revoked_at,
+        Envelope(row.key_version, row.wrapped_key, row.nonce, row.ciphertext))
+    if credential.revoked_at is not None:
         raise Conflict("this credential was revoked; ask the user for a new one")
     try:
         secret = reveal_secret(keyring, credential)
@@ -211,7 +234,15 @@ def reveal_for_client(session: Session, clock: Clock, keyring: Keyring, credenti
     audit.record(session, clock, actor=actor, action="credential.revealed",
                  target=credential.id, source_ip=source_ip,
                  details={"client_id": credential.client_id, "type": credential.type})
-    return secret
+    return credential, secret
+
+
+_SEALED: Final = select(
+    _CREDENTIALS.c.id, _CREDENTIALS.c.client_id, _CREDENTIALS.c.subject_iss,
+    _CREDENTIALS.c.subject_sub, _CREDENTIALS.c.type, _CREDENTIALS.c.revoked_at,
+    _CREDENTIALS.c.key_version, _CREDENTIALS.c.wrapped_key, _CREDENTIALS.c.nonce,
+    _CREDENTIALS.c.ciphertext,
+).where(_CREDENTIALS.c.id == bindparam("credential_id"))
 
 
 def revoke(session: Session, clock: Clock, credential: Credential, *, actor: str,
