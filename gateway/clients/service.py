@@ -173,7 +173,17 @@ def name_of(connection: Connection, client_id: str) -> str:
     return name
 
 
+def webhook_url_of(connection: Connection, client_id: str) -> str | None:
+    """Where the client's webhooks go; None when it takes none."""
+    url: str | None = connection.execute(_WEBHOOK_URL, {"client_id": client_id}).scalar_one()
+    return url
+
+
+# Built once: pages and transitions read one column of a client this way,
+# without loading it.
 _CLIENT_NAME: Final = select(Client.__table__.c.name).where(
+    Client.__table__.c.id == bindparam("client_id"))
+_WEBHOOK_URL: Final = select(Client.__table__.c.webhook_url).where(
     Client.__table__.c.id == bindparam("client_id"))
 
 

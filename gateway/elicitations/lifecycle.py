@@ -18,13 +18,13 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from gateway import changes
 from gateway.audit import service as audit
-from gateway.clients.models import Client
+from gateway.clients import service as clients
 from gateway.clock import Clock
 from gateway.db import UTCDateTime
 from gateway.elicitations.models import Elicitation, ElicitationSnapshot
@@ -107,8 +107,7 @@ def transition(
 
 def _enqueue_event(session: Session, clock: Clock, elicitation: Elicitation,
                    extra: dict[str, Any]) -> None:
-    webhook_url = session.connection().execute(
-        _WEBHOOK_URL, {"client_id": elicitation.client_id}).scalar_one()
+    webhook_url = clients.webhook_url_of(session.connection(), elicitation.client_id)
     data = {
         "elicitation_id": elicitation.id,
         "status": elicitation.status,
@@ -131,5 +130,3 @@ _MOVES: Final = {
     .values({"status": bindparam("to_status"), stamped: bindparam("at", type_=UTCDateTime)})
     for stamped in ("opened_at", "ended_at")
 }
-_CLIENTS: Final = Client.metadata.tables[Client.__tablename__]
-_WEBHOOK_URL: Final = select(_CLIENTS.c.webhook_url).where(_CLIENTS.c.id == bindparam("client_id"))
