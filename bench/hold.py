@@ -194,14 +194,18 @@ class HeldRequests:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _stopping(self) -> bool:
+        # A call, not the attribute: the drain sets it while this task awaits.
+        return self._draining
+
     async def _connection(self) -> None:
         """One held request, sent again as soon as it is answered, until cancelled."""
         stream: Stream | None = None
         try:
-            while not self._draining:
+            while not self._stopping():
                 reused = stream is not None
                 stream = stream or await self._connect()
-                if self._draining:
+                if self._stopping():  # the drain may have begun while connecting
                     break
                 if not await self._exchange(*stream, reused=reused):
                     _close(stream)

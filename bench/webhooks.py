@@ -294,7 +294,7 @@ def enqueue_backlog(instance: Instance, count: int) -> None:
         client = session.get(Client, instance.client_id)
         assert client is not None
         for n in range(count):
-            outbox.enqueue(session, clock, client, "elicitation.cancelled", {
+            outbox.enqueue(session, clock, client.id, client.webhook_url, "elicitation.cancelled", {
                 "elicitation_id": new_id("el_", 18), "status": "cancelled",
                 "kind": "api_key", "subject": {"iss": "https://auth.example.com",
                                                "sub": f"user-{n}"}, "metadata": {"n": n}})
