@@ -285,7 +285,8 @@ class _Pool:
         if self._next[target] > size:
             raise ScenarioFailed(
                 f"the {size:,} paths ran out: the gateway's runs needed {self._next[target]:,}, "
-                "so some requests went to a path used before; make the pool larger")
+                "so some requests went to a path used before; run fewer or shorter rounds "
+                "of this scenario, or raise its pool (SUBMIT_POOL in bench/scenarios.py)")
 
     def verify(self, consumed: int) -> str:
         """Every answer the gateway gave used up a path of its own: else the numbers lie."""
