@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 
 import pytest
-from playwright.sync_api import BrowserContext, Route, expect
+from playwright.sync_api import BrowserContext, Page, Route, expect
 
 from tests.browser.conftest import Gateway, Screenshot, Watch, log_in
 from tests.browser.stripe_stub import CHECKOUT_HOST
@@ -14,16 +15,23 @@ from tests.browser.stripe_stub import CHECKOUT_HOST
 pytestmark = pytest.mark.slow
 
 
-def test_the_pay_button_posts_to_the_gateway_which_sends_the_browser_to_stripe(
-    gateway: Gateway, new_context: Callable[..., BrowserContext], watch: Watch,
-    screenshot: Screenshot,
-) -> None:
+def payment_page(gateway: Gateway,
+                 new_context: Callable[..., BrowserContext]) -> tuple[Page, dict[str, Any]]:
+    """Alice, logged in, on the page of a 19.99 USD payment asked of her."""
     alice = gateway.create_user("alice")
     link = gateway.ask_for_payment(alice, "Pay for the forecast report", {
         "amount": 1999, "currency": "usd", "description": "Forecast report, one month"})
     page = new_context().new_page()
     page.goto(link["url"])
     log_in(page, alice)
+    return page, link
+
+
+def test_the_pay_button_posts_to_the_gateway_which_sends_the_browser_to_stripe(
+    gateway: Gateway, new_context: Callable[..., BrowserContext], watch: Watch,
+    screenshot: Screenshot,
+) -> None:
+    page, link = payment_page(gateway, new_context)
     expect(page).to_have_url(link["url"])
 
     # What, how much, to whom; nothing to type, no script (SAQ A).
@@ -74,12 +82,7 @@ def test_back_from_stripe_the_page_says_what_was_paid(
     gateway: Gateway, new_context: Callable[..., BrowserContext], watch: Watch,
     screenshot: Screenshot,
 ) -> None:
-    alice = gateway.create_user("alice")
-    link = gateway.ask_for_payment(alice, "Pay for the forecast report", {
-        "amount": 1999, "currency": "usd", "description": "Forecast report, one month"})
-    page = new_context().new_page()
-    page.goto(link["url"])
-    log_in(page, alice)
+    page, link = payment_page(gateway, new_context)
 
     # Stripe's page, answered here: the user pays, and Stripe sends the
     # browser to the success URL the gateway gave it.
