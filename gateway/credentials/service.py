@@ -86,6 +86,10 @@ class SealedCredential:
     revoked_at: datetime | None
     envelope: Envelope
 
+    @property
+    def live(self) -> bool:
+        return self.revoked_at is None
+
 
 def binding(credential: Credential | SealedCredential) -> bytes:
     """The associated data that ties a credential's ciphertext to its row."""
@@ -218,7 +222,7 @@ def reveal_for_client(session: Session, clock: Clock, keyring: Keyring, client_i
     credential = SealedCredential(
         row.id, row.client_id, row.subject_iss, row.subject_sub, row.type, row.revoked_at,
         Envelope(row.key_version, row.wrapped_key, row.nonce, row.ciphertext))
-    if credential.revoked_at is not None:
+    if not credential.live:
         raise Conflict("this credential was revoked; ask the user for a new one")
     try:
         secret = reveal_secret(keyring, credential)
