@@ -163,13 +163,16 @@ def _serialize_sqlite_writers(engine: Engine) -> None:
     a Python lock, and the one thread per process holding it on a lock file
     beside the database, shared by every process that writes to the file
     (gunicorn's workers, the worker, the CLI). Each lock is taken before a
-    transaction's first write and given back when its connection returns to
-    the pool (after the commit or rollback). Past the busy timeout a writer
-    goes ahead unqueued, so SQLite's own locking (and its "database is
-    locked") stays the last word.
+    transaction's first write and given back when the transaction ends: when
+    its connection returns to the pool (after the commit or rollback), or
+    at once after a write that ran outside a transaction (autocommit). Past
+    the busy timeout a writer goes ahead unqueued, so SQLite's own locking
+    (and its "database is locked") stays the last word.
+
+    Every engine on the same file shares the locks: the request's
+    transactions and its autocommit connection queue in one line.
     """
-    thread_lock = threading.Lock()
-    file_lock = _WriterFileLock.beside(engine.url.database)
+    thread_lock, file_lock = _writer_locks(engine.url.database)
 
     def before_write(connection: Connection, cursor: Any, statement: str, *args: Any) -> None:
         info = connection.info
@@ -182,15 +185,40 @@ def _serialize_sqlite_writers(engine: Engine) -> None:
         if file_lock is not None:
             info[_HOLDS_FILE_LOCK] = file_lock.acquire(deadline)
 
-    def after_transaction(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
-        if record.info.pop(_HOLDS_FILE_LOCK, False) and file_lock is not None:
+    def release(info: dict[Any, Any]) -> None:
+        if info.pop(_HOLDS_FILE_LOCK, False) and file_lock is not None:
             file_lock.release()
-        if record.info.pop(_HOLDS_WRITE_LOCK, False):
+        if info.pop(_HOLDS_WRITE_LOCK, False):
             thread_lock.release()
 
+    def after_write(connection: Connection, cursor: Any, *args: Any) -> None:
+        if connection.info.get(_HOLDS_WRITE_LOCK) and not cursor.connection.in_transaction:
+            release(connection.info)
+
+    def after_transaction(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        release(record.info)
+
     event.listen(engine, "before_cursor_execute", before_write)
+    event.listen(engine, "after_cursor_execute", after_write)
     event.listen(engine.pool, "checkin", after_transaction)
     event.listen(engine.pool, "detach", after_transaction)
+
+
+_WRITER_LOCKS: dict[str | None, tuple[threading.Lock, _WriterFileLock | None]] = {}
+_WRITER_LOCKS_GUARD = threading.Lock()
+
+
+def _writer_locks(database: str | None) -> tuple[threading.Lock, _WriterFileLock | None]:
+    """The process's writer lock and lock file for this database, the same for every engine."""
+    with _WRITER_LOCKS_GUARD:
+        if database not in _WRITER_LOCKS or not database or database == ":memory:":
+            _WRITER_LOCKS[database] = (threading.Lock(), _WriterFileLock.beside(database))
+        return _WRITER_LOCKS[database]
+
+
+# A writer's turn lasts about a millisecond, so the file lock is polled
+# often: a longer sleep leaves the database idle after the holder is done.
+_FILE_LOCK_POLL_S = 0.00005
 
 
 class _WriterFileLock:
@@ -224,7 +252,6 @@ class _WriterFileLock:
         return cls(f"{database}-writer.lock")
 
     def acquire(self, deadline: float) -> bool:
-        pause = 0.0002
         while True:
             try:
                 fcntl.flock(self._descriptor(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -232,8 +259,7 @@ class _WriterFileLock:
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     return False
-                time.sleep(pause)
-                pause = min(pause * 2, 0.002)
+                time.sleep(_FILE_LOCK_POLL_S)
 
     def release(self) -> None:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -244,7 +270,7 @@ def init_app(app: Flask, database_url: str) -> None:
     engine = make_engine(database_url)
     app.extensions["gateway.engine"] = engine
     app.extensions["gateway.sessionmaker"] = sessionmaker(engine, expire_on_commit=False)
-    app.extensions["gateway.reader"] = _reader_engine(engine)
+    app.extensions["gateway.autocommit"] = _autocommit_engine(engine)
     app.teardown_appcontext(_close_session)
 
 
@@ -267,25 +293,31 @@ def session() -> Session:
     return result
 
 
-def _reader_engine(engine: Engine) -> Engine:
-    # SQLite's driver opens a transaction only before a write, so its reads
-    # run outside one already; switching its mode at every checkout would
-    # cost more than it saves.
-    if engine.dialect.name == "sqlite":
-        return engine
+def _autocommit_engine(engine: Engine) -> Engine:
+    # PostgreSQL switches a pooled connection to autocommit for the checkout
+    # at no cost (a flag of the driver). SQLite's driver would run a PRAGMA
+    # at each checkin to switch back, so a SQLite file gets a pool of its own
+    # whose connections stay in autocommit; it queues its writes with the
+    # main engine's (see _serialize_sqlite_writers).
+    if engine.dialect.name == "sqlite" and _is_sqlite_file(str(engine.url)):
+        return make_engine(engine.url.render_as_string(hide_password=False),
+                           isolation_level="AUTOCOMMIT")
     return engine.execution_options(isolation_level="AUTOCOMMIT")
 
 
-def reader() -> Connection:
-    """The request's connection for reads that change nothing, opened on first use.
+def autocommit() -> Connection:
+    """The request's connection outside any transaction, opened on first use.
 
-    It runs each statement on its own, outside any transaction, so a read
-    costs no BEGIN and no ROLLBACK: on PostgreSQL, two round trips fewer.
-    Reads that decide a change belong in the change's :func:`transaction`.
+    Each statement on it commits as it runs. It serves reads, which then
+    cost no BEGIN and no ROLLBACK (on PostgreSQL, two round trips fewer),
+    and a change that is one statement (a reveal's audit row), which then
+    costs no BEGIN and no COMMIT. Reads that decide a change belong in the
+    change's :func:`transaction`, and so does a change of more than one
+    statement.
     """
-    if "db_reader" not in g:
-        g.db_reader = current_app.extensions["gateway.reader"].connect()
-    connection: Connection = g.db_reader
+    if "db_autocommit" not in g:
+        g.db_autocommit = current_app.extensions["gateway.autocommit"].connect()
+    connection: Connection = g.db_autocommit
     return connection
 
 
@@ -324,11 +356,11 @@ def _close_session(error: BaseException | None) -> None:
     current: Session | None = g.pop("db_session", None)
     if current is not None:
         current.close()
-    release_reader()
+    release_autocommit()
 
 
-def release_reader() -> None:
-    """Give the request's read connection back to the pool (a long-poll, before it waits)."""
-    connection: Connection | None = g.pop("db_reader", None)
+def release_autocommit() -> None:
+    """Give the request's autocommit connection back to the pool (a long-poll, before it waits)."""
+    connection: Connection | None = g.pop("db_autocommit", None)
     if connection is not None:
         connection.close()

@@ -1,10 +1,10 @@
-"""Writing audit events, always inside the caller's transaction."""
+"""Writing audit events, inside the caller's transaction or as a change of their own."""
 
 from __future__ import annotations
 
 from typing import Any, Final, Literal
 
-from sqlalchemy import insert
+from sqlalchemy import Connection, insert
 from sqlalchemy.orm import Session
 
 from gateway.audit.models import AuditEvent
@@ -14,7 +14,7 @@ Outcome = Literal["success", "failure", "denied"]
 
 
 def record(
-    session: Session,
+    session: Session | Connection,
     clock: Clock,
     *,
     actor: str,
@@ -24,14 +24,18 @@ def record(
     source_ip: str | None = None,
     details: dict[str, Any] | None = None,
 ) -> int:
-    """Write an audit event in the session's transaction; its id. It commits with the change.
+    """Write an audit event; its id.
 
-    Callers pass identifiers and outcomes, never a secret: the trail is read by
-    people who must not learn keys from it.
+    In a session, the event commits with the session's change. On an
+    autocommit connection (:func:`gateway.db.autocommit`) it is a change of
+    its own, committed when this returns. Callers pass identifiers and
+    outcomes, never a secret: the trail is read by people who must not learn
+    keys from it.
     """
+    connection = session.connection() if isinstance(session, Session) else session
     # A plain INSERT, not an ORM object: rows are never read back or changed
     # in the transaction that writes them, and this runs on hot paths.
-    result = session.connection().execute(_INSERT, {
+    result = connection.execute(_INSERT, {
         "occurred_at": clock.now(),
         "actor": actor,
         "action": action,

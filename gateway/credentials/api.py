@@ -14,7 +14,7 @@ from gateway.credentials.catalog import current_catalog
 from gateway.elicitations.schemas import Issuer, SubjectId
 from gateway.errors import InvalidInput
 from gateway.vault.keyring import current_keyring
-from gateway.web.api import current_client, query_text
+from gateway.web.api import autocommit, current_client, query_text
 from gateway.web.context import current_clock
 
 blueprint = Blueprint("credentials", __name__, url_prefix="/credentials")
@@ -59,12 +59,12 @@ def list_credentials() -> Response:
 
 
 @blueprint.post("/<id:credential_id>/reveal")
+@autocommit
 def reveal(credential_id: str) -> Response:
     """The plaintext key, for the MCP server that asked for it; audited, never cached."""
-    with db.transaction() as session:
-        credential, secret = service.reveal_for_client(
-            session, current_clock(), current_keyring(), current_client().id, credential_id,
-            actor=_actor(), source_ip=request.remote_addr)
+    credential, secret = service.reveal_for_client(
+        db.autocommit(), current_clock(), current_keyring(), current_client().id, credential_id,
+        actor=_actor(), source_ip=request.remote_addr)
     return jsonify(id=credential.id, type=credential.type, secret=secret)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import and_, bindparam, delete, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from gateway import db
@@ -210,13 +210,18 @@ def list_for_client(session: Session, client_id: str, *, subject_iss: str | None
     return page, encode_cursor(page[-1].created_at, page[-1].id) if more else None
 
 
-def reveal_for_client(session: Session, clock: Clock, keyring: Keyring, client_id: str,
+def reveal_for_client(connection: Connection, clock: Clock, keyring: Keyring, client_id: str,
                       credential_id: str, *, actor: str,
                       source_ip: str | None) -> tuple[SealedCredential, str]:
-    """The client's credential and its plaintext, for the owning MCP server; audited."""
+    """The client's credential and its plaintext, for the owning MCP server; audited.
+
+    ``connection`` is an autocommit one (:func:`gateway.db.autocommit`): the
+    reveal changes one row, its audit event, which is committed before the
+    plaintext is returned. A reveal that cannot be recorded hands out nothing.
+    """
     # One prebuilt read of the columns the vault needs: this runs on every
     # reveal, and loads no ORM object.
-    row = session.connection().execute(_SEALED, {"credential_id": credential_id}).one_or_none()
+    row = connection.execute(_SEALED, {"credential_id": credential_id}).one_or_none()
     if row is None or row.client_id != client_id:
         raise NotFound(f"no credential {credential_id!r}")
     credential = SealedCredential(
@@ -235,7 +240,7 @@ def reveal_for_client(session: Session, clock: Clock, keyring: Keyring, client_i
             "the gateway cannot open this credential with its keyring; its operator must "
             "restore the keyring it was sealed with (`gateway status` shows the key versions "
             "in use)") from None
-    audit.record(session, clock, actor=actor, action="credential.revealed",
+    audit.record(connection, clock, actor=actor, action="credential.revealed",
                  target=credential.id, source_ip=source_ip,
                  details={"client_id": credential.client_id, "type": credential.type})
     return credential, secret

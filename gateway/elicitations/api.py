@@ -90,7 +90,7 @@ def _current_state(client: ClientIdentity, elicitation_id: str) -> AnyElicitatio
     # Most reads find the elicitation as stored, and change nothing. Only an
     # overdue one is loaded to be marked expired, in a transaction of its
     # own with its audit row.
-    snapshot = service.peek(db.reader(), client, elicitation_id)
+    snapshot = service.peek(db.autocommit(), client, elicitation_id)
     if not lifecycle.is_overdue(snapshot, current_clock().now()):
         return snapshot
     with db.transaction() as session:
@@ -100,7 +100,7 @@ def _current_state(client: ClientIdentity, elicitation_id: str) -> AnyElicitatio
 def _hold(elicitation: AnyElicitation, wait: float) -> None:
     # The database connections go back to the pool while this thread waits.
     db.session().close()
-    db.release_reader()
+    db.release_autocommit()
     until_expiry = (elicitation.expires_at - current_clock().now()).total_seconds()
     hub: WaitHub = current_app.extensions["gateway.waits"]
     hub.wait(elicitation.id, min(wait, max(until_expiry, 0)))

@@ -162,7 +162,7 @@ def _render(session: Session, elicitation: Elicitation, subject: Subject,
             error: str | None = None) -> str:
     context: dict[str, Any] = {
         "elicitation": elicitation, "subject": subject, "error": error,
-        "client_name": clients.name_of(db.reader(), elicitation.client_id),
+        "client_name": clients.name_of(db.autocommit(), elicitation.client_id),
         "expires_iso": timestamp(elicitation.expires_at),
         "expires_text": _expiry_text(elicitation.expires_at, current_clock().now()),
     }
@@ -177,7 +177,7 @@ def _render(session: Session, elicitation: Elicitation, subject: Subject,
 def _ended(elicitation: Elicitation) -> str:
     heading, tone, text = ENDED[Status(elicitation.status)]
     return render_template("elicitation_ended.html", heading=heading, tone=tone, text=text,
-                           client_name=clients.name_of(db.reader(), elicitation.client_id))
+                           client_name=clients.name_of(db.autocommit(), elicitation.client_id))
 
 
 def _expiry_text(expires_at: datetime, now: datetime) -> str:

@@ -90,7 +90,7 @@ class ServerSessionInterface(SessionInterface):
             return ServerSession()
         # On the request's read connection: most requests read their session
         # and write nothing.
-        row = db.reader().execute(
+        row = db.autocommit().execute(
             _LOOKUP, {"digest": keyed_digest(self._pepper, token)}).one_or_none()
         if row is None:
             return ServerSession()

@@ -67,5 +67,5 @@ def outcome_page(elicitation: Elicitation, payment: Payment) -> str:
     heading = HEADINGS.get(PaymentStatus(payment.status), "Not paid")
     return render_template("payment_outcome.html", status=payment.status, amount=amount,
                            heading=heading,
-                           client_name=clients.name_of(db.reader(), elicitation.client_id),
+                           client_name=clients.name_of(db.autocommit(), elicitation.client_id),
                            elicitation=elicitation, can_retry=can_retry)

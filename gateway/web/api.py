@@ -23,6 +23,7 @@ from gateway.web import ratelimit
 PREFIX: Final = "/api/v1"
 View = TypeVar("View", bound=Callable[..., object])
 _PUBLIC_ATTRIBUTE: Final = "_public_api"
+_AUTOCOMMIT_ATTRIBUTE: Final = "_autocommit_api"
 # Query parameters that, by convention, carry tokens (RFC 6750 section 2.3).
 _TOKEN_PARAMETERS: Final = frozenset({"access_token", "token", "api_token", "api_key"})
 T = TypeVar("T")
@@ -62,6 +63,16 @@ def public(view: View) -> View:
     return view
 
 
+def autocommit(view: View) -> View:
+    """Mark a change that runs outside any transaction, as one statement.
+
+    Its token is then checked on the autocommit connection too, so the
+    request opens no transaction at all (see :func:`gateway.db.autocommit`).
+    """
+    setattr(view, _AUTOCOMMIT_ATTRIBUTE, True)
+    return view
+
+
 def init_app(app: Flask, settings: Settings, children: Iterable[Blueprint]) -> None:
     """Mount the feature blueprints under /api/v1 behind authentication and limits."""
     parent = Blueprint("api", __name__, url_prefix=PREFIX)
@@ -92,18 +103,21 @@ def _authenticate() -> None:
     view = current_app.view_functions.get(request.endpoint or "")
     if getattr(view, _PUBLIC_ATTRIBUTE, False):
         return
-    g.client = authenticate(_connection_for(request.method), ratelimit.token_digest())
+    g.client = authenticate(_connection_for(view), ratelimit.token_digest())
 
 
 # Methods whose routes only read.
 _READS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def _connection_for(method: str) -> Connection:
-    # A read checks the token on the read connection (no transaction); a
-    # change checks it on the connection its transaction will use, so the
-    # request takes one connection from the pool, not two.
-    return db.reader() if method in _READS else db.session().connection()
+def _connection_for(view: object) -> Connection:
+    # A read, or a change marked autocommit, checks the token on the
+    # autocommit connection (no transaction); any other change checks it on
+    # the connection its transaction will use, so the request takes one
+    # connection from the pool, not two.
+    if request.method in _READS or getattr(view, _AUTOCOMMIT_ATTRIBUTE, False):
+        return db.autocommit()
+    return db.session().connection()
 
 
 def json_body(adapter: TypeAdapter[T]) -> T:

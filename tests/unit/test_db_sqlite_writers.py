@@ -83,3 +83,46 @@ def test_reads_do_not_wait_for_a_writer(engine: Engine) -> None:
 def _count(engine: Engine) -> int:
     with engine.connect() as connection:
         return int(connection.scalar(text("SELECT count(*) FROM rows")) or 0)
+
+
+@pytest.fixture
+def autocommit_engine(engine: Engine) -> Iterator[Engine]:
+    other = db.make_engine(str(engine.url), isolation_level="AUTOCOMMIT")
+    yield other
+    other.dispose()
+
+
+def test_an_autocommit_write_queues_behind_a_transaction_on_another_engine(
+    engine: Engine, autocommit_engine: Engine,
+) -> None:
+    done = threading.Event()
+
+    def autocommit_writer() -> None:
+        with autocommit_engine.connect() as connection:
+            connection.execute(text("INSERT INTO rows (n) VALUES (2)"))
+        done.set()
+
+    with engine.connect() as first:
+        first.execute(text("INSERT INTO rows (n) VALUES (1)"))
+        thread = threading.Thread(target=autocommit_writer)
+        thread.start()
+        time.sleep(0.2)
+        assert not done.is_set()  # one queue for every engine on the file
+        first.commit()
+    assert done.wait(5)
+    thread.join()
+    assert _count(engine) == 2
+
+
+def test_an_autocommit_write_lets_the_next_writer_go_at_once(
+    engine: Engine, autocommit_engine: Engine,
+) -> None:
+    with autocommit_engine.connect() as connection:
+        connection.execute(text("INSERT INTO rows (n) VALUES (1)"))
+        # Still checked out, but its write committed as it ran: a transaction
+        # on the main engine does not wait for this connection to go back.
+        started = time.monotonic()
+        with engine.begin() as other:
+            other.execute(text("INSERT INTO rows (n) VALUES (2)"))
+        assert time.monotonic() - started < 1
+    assert _count(engine) == 2
