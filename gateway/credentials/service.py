@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import Connection, and_, bindparam, delete, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, delete, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from gateway import db
@@ -110,15 +110,16 @@ def capture(session: Session, clock: Clock, keyring: Keyring, elicitation: Elici
         type=credential_type.id, hint=hint_of(secret), elicitation_id=elicitation.id,
         created_at=now)
     credential.envelope = seal(keyring, secret.encode(), binding(credential))
-    session.add(credential)
     lifecycle.transition(session, clock, elicitation, Status.COMPLETED, actor=actor,
                          source_ip=source_ip, details={"credential_id": credential.id},
                          event_data={"credential": {"id": credential.id,
                                                     "type": credential.type,
                                                     "hint": credential.hint}})
-    # Written before the owner's lock is taken, so the lock is held only
+    # A plain INSERT, not a flush of the ORM object (every capture runs it);
+    # written before the owner's lock is taken, so the lock is held only
     # from here to the commit.
-    session.flush()
+    session.connection().execute(_INSERT, {
+        column.key: getattr(credential, column.key) for column in _CREDENTIALS.columns})
     superseded = _supersede(session, credential, now)
     audit.record(session, clock, actor=actor, action="credential.captured",
                  target=credential.id, source_ip=source_ip,
@@ -142,6 +143,7 @@ def _supersede(session: Session, credential: Credential, now: datetime) -> list[
 
 
 _CREDENTIALS: Final = Credential.metadata.tables[Credential.__tablename__]
+_INSERT: Final = insert(_CREDENTIALS)
 # Built once; the names of its parameters are not column names, which an
 # UPDATE reserves for its SET clause.
 _SUPERSEDE: Final = (

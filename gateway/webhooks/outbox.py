@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
+from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from gateway import changes
@@ -22,16 +23,22 @@ CHANGE_TOPIC: Final = "webhook"
 
 def enqueue(session: Session, clock: Clock, client_id: str, webhook_url: str | None,
             event_type: str, data: dict[str, Any], *,
-            elicitation_id: str | None = None) -> WebhookEvent | None:
-    """Add an event for the client; None when it has no webhook URL to send it to."""
+            elicitation_id: str | None = None) -> str | None:
+    """Add an event for the client; its id, or None when it has no webhook URL to send it to."""
     if not webhook_url:
         return None
     now = clock.now()
     body = json.dumps({"type": event_type, "timestamp": timestamp(now), "data": data},
                       separators=(",", ":"), ensure_ascii=False)
-    event = WebhookEvent(id=new_id("msg_", 18), client_id=client_id, type=event_type,
-                         elicitation_id=elicitation_id, body=body, status="pending",
-                         attempts=0, next_attempt_at=now, created_at=now)
-    session.add(event)
+    event_id = new_id("msg_", 18)
+    # A plain INSERT, not an ORM object: every submit, payment and cancel
+    # with a webhook writes one, and nothing reads it back in the transaction.
+    session.connection().execute(_INSERT, {
+        "id": event_id, "client_id": client_id, "type": event_type,
+        "elicitation_id": elicitation_id, "body": body, "status": "pending", "attempts": 0,
+        "next_attempt_at": now, "created_at": now})
     changes.announce(session, CHANGE_TOPIC)
-    return event
+    return event_id
+
+
+_INSERT: Final = insert(WebhookEvent.metadata.tables[WebhookEvent.__tablename__])
