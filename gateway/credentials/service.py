@@ -98,18 +98,29 @@ def binding(credential: Credential | SealedCredential) -> bytes:
                 type=credential.type)
 
 
-def capture(session: Session, clock: Clock, keyring: Keyring, elicitation: Elicitation,
-            credential_type: CredentialType, secret: str, *, actor: str,
-            source_ip: str | None) -> Credential:
-    """Store the key and complete the elicitation, in the caller's transaction."""
+def seal_for(keyring: Keyring, elicitation: Elicitation, credential_type: CredentialType,
+             secret: str, now: datetime) -> Credential:
+    """The key checked and sealed for the elicitation's client and user; not stored yet.
+
+    Done before :func:`capture`'s transaction, so that the encryption is not
+    part of it: on SQLite a transaction that wrote holds the database's one
+    write lock until it ends.
+    """
     check_shape(credential_type, secret)
-    now = clock.now()
     credential = Credential(
         id=new_id("cr_", 15), client_id=elicitation.client_id,
         subject_iss=elicitation.subject_iss, subject_sub=elicitation.subject_sub,
         type=credential_type.id, hint=hint_of(secret), elicitation_id=elicitation.id,
         created_at=now)
     credential.envelope = seal(keyring, secret.encode(), binding(credential))
+    return credential
+
+
+def capture(session: Session, clock: Clock, elicitation: Elicitation, credential: Credential,
+            *, actor: str, source_ip: str | None) -> Credential:
+    """Store the sealed key and complete the elicitation, in the caller's transaction."""
+    if credential.elicitation_id != elicitation.id:
+        raise ValueError("the credential was sealed for another elicitation")
     lifecycle.transition(session, clock, elicitation, Status.COMPLETED, actor=actor,
                          source_ip=source_ip, details={"credential_id": credential.id},
                          event_data={"credential": {"id": credential.id,
@@ -120,7 +131,7 @@ def capture(session: Session, clock: Clock, keyring: Keyring, elicitation: Elici
     # from here to the commit.
     session.connection().execute(_INSERT, {
         column.key: getattr(credential, column.key) for column in _CREDENTIALS.columns})
-    superseded = _supersede(session, credential, now)
+    superseded = _supersede(session, credential, clock.now())
     audit.record(session, clock, actor=actor, action="credential.captured",
                  target=credential.id, source_ip=source_ip,
                  details={"client_id": credential.client_id, "type": credential.type,

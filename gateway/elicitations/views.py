@@ -112,13 +112,14 @@ def answer(elicitation_id: str) -> Page:
         with db.transaction() as session:
             elicitation = _open(session, elicitation_id, subject)
         return _render(session, elicitation, subject, error=error.detail), error.status
+    credential = credentials.seal_for(current_keyring(), elicitation, credential_type, secret,
+                                      current_clock().now())
     with db.transaction() as session:
         # Checked again: the elicitation may have ended while the service answered.
         elicitation = _open(session, elicitation_id, subject)
         if elicitation.status not in TERMINAL:
-            credentials.capture(session, current_clock(), current_keyring(), elicitation,
-                                credential_type, secret, actor=actor_of(subject),
-                                source_ip=request.remote_addr)
+            credentials.capture(session, current_clock(), elicitation, credential,
+                                actor=actor_of(subject), source_ip=request.remote_addr)
     return _ended(elicitation)
 
 

@@ -139,8 +139,10 @@ def test_keys_captured_at_the_same_moment_leave_one_live(
             generic = current_catalog().get("generic")
             assert elicitation is not None
             assert generic is not None
-            credentials.capture(session, clock, current_keyring(), elicitation, generic, secret,
-                                actor="user:alice", source_ip=None)
+            credential = credentials.seal_for(current_keyring(), elicitation, generic, secret,
+                                              clock.now())
+            credentials.capture(session, clock, elicitation, credential, actor="user:alice",
+                                source_ip=None)
             if hold:
                 first_holds_its_transaction.set()
                 first_may_commit.wait(10)
