@@ -1,7 +1,9 @@
 """Engine, session-per-request and the one transaction helper.
 
 Every state change runs inside :func:`transaction`: the change, its audit row
-and (later) its outbox row commit together or not at all.
+and its outbox row commit together or not at all. The one exception is a
+change that is a single statement (a reveal's audit row), which may run on
+the request's :func:`autocommit` connection, where it is its own transaction.
 """
 
 from __future__ import annotations

@@ -28,6 +28,13 @@ def engine(tmp_path: Path) -> Iterator[Engine]:
     engine.dispose()
 
 
+@pytest.fixture
+def autocommit_engine(engine: Engine) -> Iterator[Engine]:
+    other = db.make_engine(str(engine.url), isolation_level="AUTOCOMMIT")
+    yield other
+    other.dispose()
+
+
 def test_concurrent_write_transactions_all_commit(engine: Engine) -> None:
     failures: list[BaseException] = []
 
@@ -50,11 +57,17 @@ def test_concurrent_write_transactions_all_commit(engine: Engine) -> None:
         assert connection.scalar(text("SELECT count(*) FROM rows")) == 400
 
 
-def test_a_writer_waits_until_the_other_transaction_has_ended(engine: Engine) -> None:
+@pytest.mark.parametrize("second_on", ["engine", "autocommit_engine"])
+def test_a_writer_waits_until_the_other_transaction_has_ended(
+    engine: Engine, second_on: str, request: pytest.FixtureRequest,
+) -> None:
+    # Every engine on the file queues in one line: the request's autocommit
+    # connection waits for its transactions, and they for it.
+    second_engine: Engine = request.getfixturevalue(second_on)
     done = threading.Event()
 
     def second_writer() -> None:
-        with engine.begin() as connection:
+        with second_engine.begin() as connection:
             connection.execute(text("INSERT INTO rows (n) VALUES (2)"))
         done.set()
 
@@ -67,6 +80,7 @@ def test_a_writer_waits_until_the_other_transaction_has_ended(engine: Engine) ->
         first.commit()
     assert done.wait(5)
     thread.join()
+    assert _count(engine) == 2
 
 
 def test_reads_do_not_wait_for_a_writer(engine: Engine) -> None:
@@ -83,35 +97,6 @@ def test_reads_do_not_wait_for_a_writer(engine: Engine) -> None:
 def _count(engine: Engine) -> int:
     with engine.connect() as connection:
         return int(connection.scalar(text("SELECT count(*) FROM rows")) or 0)
-
-
-@pytest.fixture
-def autocommit_engine(engine: Engine) -> Iterator[Engine]:
-    other = db.make_engine(str(engine.url), isolation_level="AUTOCOMMIT")
-    yield other
-    other.dispose()
-
-
-def test_an_autocommit_write_queues_behind_a_transaction_on_another_engine(
-    engine: Engine, autocommit_engine: Engine,
-) -> None:
-    done = threading.Event()
-
-    def autocommit_writer() -> None:
-        with autocommit_engine.connect() as connection:
-            connection.execute(text("INSERT INTO rows (n) VALUES (2)"))
-        done.set()
-
-    with engine.connect() as first:
-        first.execute(text("INSERT INTO rows (n) VALUES (1)"))
-        thread = threading.Thread(target=autocommit_writer)
-        thread.start()
-        time.sleep(0.2)
-        assert not done.is_set()  # one queue for every engine on the file
-        first.commit()
-    assert done.wait(5)
-    thread.join()
-    assert _count(engine) == 2
 
 
 def test_an_autocommit_write_lets_the_next_writer_go_at_once(
