@@ -88,7 +88,7 @@ class ServerSessionInterface(SessionInterface):
         token = request.cookies.get(COOKIE_NAME)
         if not token:
             return ServerSession()
-        # On the request's read connection: most requests read their session
+        # On the request's autocommit connection: most requests read their session
         # and write nothing.
         row = db.autocommit().execute(
             _LOOKUP, {"digest": keyed_digest(self._pepper, token)}).one_or_none()
