@@ -25,6 +25,7 @@ from gateway.clients.models import ApiToken, Client, ClientIdentity, WebhookSecr
 from gateway.clock import Clock
 from gateway.credentials.catalog import Catalog
 from gateway.errors import Conflict, GatewayError, InvalidInput, NotFound
+from gateway.prepared import PreparedSelect
 from gateway.settings import Secret
 from gateway.tokens import keyed_digest, new_id, new_token, token_hint
 from gateway.vault.envelope import bind, reveal_plaintext, seal
@@ -158,8 +159,8 @@ def list_clients(session: Session) -> list[Client]:
     return list(session.scalars(select(Client).order_by(Client.created_at, Client.id)))
 
 
-# Built once: this runs on every API request, as one Core statement.
-_AUTHENTICATE: Final = (
+# Built once: this runs on every API request, prepared (see gateway.prepared).
+_AUTHENTICATE: Final = PreparedSelect(
     select(Client.__table__.c.id, Client.__table__.c.name, Client.__table__.c.status,
            Client.__table__.c.credential_types, ApiToken.__table__.c.revoked_at)
     .select_from(ApiToken.__table__.join(Client.__table__))
@@ -199,7 +200,7 @@ def authenticate(connection: Connection, token_digest: str | None) -> ClientIden
                               error=None)
     # The lookup is by digest: no stored token is ever compared with the
     # presented one, so there is no timing difference to measure.
-    row = connection.execute(_AUTHENTICATE, {"digest": token_digest}).first()
+    row = _AUTHENTICATE.first(connection, {"digest": token_digest})
     if row is None or row.revoked_at is not None:
         raise Unauthenticated("the API token is not valid: unknown or revoked")
     if row.status != "active":

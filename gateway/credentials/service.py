@@ -27,6 +27,7 @@ from gateway.elicitations.lifecycle import Status
 from gateway.elicitations.models import Elicitation
 from gateway.errors import Conflict, GatewayError, NotFound
 from gateway.pagination import decode_cursor, encode_cursor, timestamp
+from gateway.prepared import PreparedSelect
 from gateway.tokens import new_id
 from gateway.vault.envelope import Envelope, VaultError, bind, reveal_plaintext, seal
 from gateway.vault.keyring import Keyring
@@ -234,7 +235,7 @@ def reveal_for_client(connection: Connection, clock: Clock, keyring: Keyring, cl
     """
     # One prebuilt read of the columns the vault needs: this runs on every
     # reveal, and loads no ORM object.
-    row = connection.execute(_SEALED, {"credential_id": credential_id}).one_or_none()
+    row = _SEALED.first(connection, {"credential_id": credential_id})
     if row is None or row.client_id != client_id:
         raise NotFound(f"no credential {credential_id!r}")
     credential = SealedCredential(
@@ -259,12 +260,12 @@ def reveal_for_client(connection: Connection, clock: Clock, keyring: Keyring, cl
     return credential, secret
 
 
-_SEALED: Final = select(
+_SEALED: Final = PreparedSelect(select(
     _CREDENTIALS.c.id, _CREDENTIALS.c.client_id, _CREDENTIALS.c.subject_iss,
     _CREDENTIALS.c.subject_sub, _CREDENTIALS.c.type, _CREDENTIALS.c.revoked_at,
     _CREDENTIALS.c.key_version, _CREDENTIALS.c.wrapped_key, _CREDENTIALS.c.nonce,
     _CREDENTIALS.c.ciphertext,
-).where(_CREDENTIALS.c.id == bindparam("credential_id"))
+).where(_CREDENTIALS.c.id == bindparam("credential_id")))
 
 
 def revoke(session: Session, clock: Clock, credential: Credential, *, actor: str,

@@ -31,6 +31,7 @@ from gateway.elicitations.schemas import (
 )
 from gateway.errors import Conflict, GatewayError, InvalidInput, NotFound
 from gateway.pagination import decode_cursor, encode_cursor, timestamp
+from gateway.prepared import PreparedSelect
 from gateway.tokens import new_id
 
 MAX_PAGE: Final = 100
@@ -229,7 +230,7 @@ def peek(connection: Connection, client: ClientIdentity,
     """
     row = None
     if _ELICITATION_ID.fullmatch(elicitation_id):
-        row = connection.execute(_PEEK, {"id": elicitation_id}).one_or_none()
+        row = _PEEK.first(connection, {"id": elicitation_id})
     if row is None or row.client_id != client.id:
         raise NotFound(f"no elicitation {elicitation_id!r}")
     return ElicitationSnapshot(**row._asdict())
@@ -243,7 +244,7 @@ _PEEK_ANY: Final = select(*(
     _COLUMNS.metadata.label(name) if name == "metadata_" else _COLUMNS[name]
     for name in _SNAPSHOT_FIELDS
 ))
-_PEEK: Final = _PEEK_ANY.where(_COLUMNS.id == bindparam("id"))
+_PEEK: Final = PreparedSelect(_PEEK_ANY.where(_COLUMNS.id == bindparam("id")))
 _INSERT: Final = insert(_TABLE)
 # Still-open elicitations of one client, subject and kind, for the reuse rule.
 _REUSABLE: Final = _PEEK_ANY.where(

@@ -20,13 +20,15 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, g, request
 from flask_limiter import Limiter, RequestLimit
 from limits import RateLimitItem, parse_many
 from limits.errors import StorageError
-from limits.storage import MemoryStorage
-from limits.strategies import RateLimiter
+from limits.storage import MemoryStorage, Storage
+from limits.strategies import FixedWindowRateLimiter
 
 from gateway.errors import GatewayError
 from gateway.metrics import counters
@@ -38,6 +40,8 @@ log = logging.getLogger(__name__)
 EXTENSION = "gateway.limiter"
 KEY_PREFIX = "gateway"
 HITS_EXTENSION = "gateway.ratelimit_hits"
+# The blueprint whose login form the limiter's decorators limit.
+LOGIN_BLUEPRINT = "identity"
 SWEEP_SECONDS = 5.0
 
 
@@ -80,19 +84,31 @@ def storage_uri(settings: Settings) -> str:
 
 
 class LoginLimiter(Limiter):
-    """Flask-Limiter, consulted only for the requests its decorators can apply to.
+    """Flask-Limiter, with its hooks on the identity blueprint rather than on every request.
 
-    Its hook runs before every request of the app and works out which of
-    its limits apply even when none does; its decorators sit on the login
-    form only (the API checks its own limits, below), so every other request
-    (API calls, pages, health checks, static files) skips that work.
+    Its hooks work out which of its limits apply even when none does; its
+    decorators sit on the login form only (the API checks its own limits,
+    below), so every other request (API calls, pages, health checks, static
+    files) skips that work.
     """
 
-    def _check_request_limit(self, callable_name: str | None = None,
-                             in_middleware: bool = True) -> None:
-        if (request.blueprint or "").partition(".")[0] != "identity":
-            return
-        super()._check_request_limit(callable_name, in_middleware)
+    def init_app(self, app: Flask) -> None:
+        super().init_app(app)
+        self._file_under_login(app.before_request_funcs)
+        self._file_under_login(app.after_request_funcs)
+        self._file_under_login(app.teardown_request_funcs)
+
+    def _file_under_login(self, hooks: dict[str | None, list[Any]]) -> None:
+        # Flask runs the hooks filed under a blueprint's name for its requests only.
+        own = [hook for hook in hooks.get(None, []) if self._owns(hook)]
+        hooks[None] = [hook for hook in hooks[None] if hook not in own]
+        hooks.setdefault(LOGIN_BLUEPRINT, []).extend(own)
+
+    def _owns(self, hook: object) -> bool:
+        # Its bound methods, and partial(Limiter.__inject_headers, self).
+        if isinstance(hook, partial):
+            return bool(hook.args) and hook.args[0] is self
+        return getattr(hook, "__self__", None) is self
 
 
 def init_app(app: Flask, settings: Settings) -> Limiter:
@@ -166,55 +182,73 @@ def limit_api(app: Flask, blueprint: Blueprint, settings: Settings) -> None:
                  "this address"),
     )
 
+    strategy = limiter.limiter
+    if not isinstance(strategy, FixedWindowRateLimiter):
+        raise TypeError("the API's limits count fixed windows; configure the limiter so")
+
     def check() -> None:
-        check_api_limits(limiter.limiter, limits)
+        check_api_limits(strategy.storage, limits)
 
     blueprint.before_request(check)
     blueprint.after_request(_rate_limit_headers)
 
 
-def check_api_limits(strategy: RateLimiter, limits: tuple[ApiLimit, ...]) -> None:
+@dataclass(frozen=True, slots=True)
+class _Budget:
+    """One limit's window as this request left it: the rate, its counter's key, the count."""
+
+    rate: RateLimitItem
+    key: str
+    count: int
+
+
+def check_api_limits(storage: Storage, limits: tuple[ApiLimit, ...]) -> None:
     """Count the request against each limit; 429 at the first one it breaches.
+
+    The windows are fixed, so a hit is one increment of the window's counter
+    (what ``limits``' fixed-window strategy does), and the count it returns
+    is also what the headers report: no second read of the storage.
 
     A storage outage lets the request through (as Flask-Limiter's
     ``swallow_errors`` does for the login form): the API stays up, and
     counting resumes when the storage is back.
     """
-    shown: tuple[RateLimitItem, tuple[str, ...]] | None = None
+    shown: _Budget | None = None
     try:
         for limit in limits:
-            keys = (KEY_PREFIX, limit.key(), limit.scope)
+            identity = limit.key()
             for rate in limit.rates:
-                if not strategy.hit(rate, *keys):
-                    g.rate_limit = (rate, keys)
+                key = rate.key_for(KEY_PREFIX, identity, limit.scope)
+                budget = _Budget(rate, key, storage.incr(key, rate.get_expiry()))
+                if budget.count > rate.amount:
+                    g.rate_limit = budget
                     current_app.extensions[HITS_EXTENSION].labels(limit.scope).inc()
                     raise RateLimited(f"over the limit of {rate} for {limit.whose}; "
                                       "retry after the Retry-After seconds",
-                                      _retry_after(strategy, rate, keys))
-                shown = shown or (rate, keys)
+                                      _retry_after(storage, key))
+                shown = shown or budget
     except StorageError:
         log.exception("the rate limit storage failed; the request goes on uncounted")
         return
     g.rate_limit = shown
 
 
-def _retry_after(strategy: RateLimiter, rate: RateLimitItem, keys: tuple[str, ...]) -> int:
-    reset_at, _ = strategy.get_window_stats(rate, *keys)
-    return max(1, int(reset_at - time.time()) + 1)
+def _retry_after(storage: Storage, key: str) -> int:
+    return max(1, int(storage.get_expiry(key) - time.time()) + 1)
 
 
 def _rate_limit_headers(response: Response) -> Response:
     # The first limit's budget (the token's), or the breached one's.
-    if g.get("rate_limit") is None:
+    budget: _Budget | None = g.get("rate_limit")
+    if budget is None:
         return response
-    rate, keys = g.rate_limit
-    limiter: Limiter = current_app.extensions[EXTENSION]
+    storage: Storage = current_app.extensions[EXTENSION].limiter.storage
     try:
-        reset_at, remaining = limiter.limiter.get_window_stats(rate, *keys)
+        reset_at = storage.get_expiry(budget.key)
     except StorageError:
         return response
-    response.headers["X-RateLimit-Limit"] = str(rate.amount)
-    response.headers["X-RateLimit-Remaining"] = str(remaining)
+    response.headers["X-RateLimit-Limit"] = str(budget.rate.amount)
+    response.headers["X-RateLimit-Remaining"] = str(max(0, budget.rate.amount - budget.count))
     response.headers["X-RateLimit-Reset"] = str(int(reset_at))
     return response
 

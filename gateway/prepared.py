@@ -1,0 +1,122 @@
+"""Prepared reads: a Core SELECT compiled once per dialect, run on the driver's cursor.
+
+SQLAlchemy's execution path (compiled-cache lookup, parameter building, event
+dispatch, result metadata) costs several times more than the statement it
+runs when that statement is a primary-key look-up on SQLite, and those
+look-ups run on every API request (the token check, the read of an
+elicitation or a sealed credential). A :class:`PreparedSelect` keeps what
+that path works out each time: the SQL text, the order of its parameters,
+and each column's bind and result conversions, taken from SQLAlchemy's own
+types, so that a value reads back exactly as through ``Connection.execute``.
+
+Only reads: writes go through SQLAlchemy, whose events queue SQLite's
+writers (:mod:`gateway.db`). When the driver raises, the statement runs
+again through SQLAlchemy, which then reports the error as it always does
+and discards a connection that died.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import namedtuple
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Select
+from sqlalchemy.engine import Dialect
+from sqlalchemy.sql.compiler import SQLCompiler
+
+Processor = Callable[[Any], Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """One statement as one dialect runs it."""
+
+    sql: str
+    # Parameter names in the order the SQL wants them (positional styles),
+    # or None when the driver takes them by name.
+    order: tuple[str, ...] | None
+    binds: Mapping[str, Processor]
+    constants: Mapping[str, Any]
+    row: type[tuple[Any, ...]]
+    columns: tuple[Any, ...]
+
+
+class PreparedSelect:
+    """A SELECT whose bind parameters all have names (``bindparam("id")``)."""
+
+    def __init__(self, statement: Select[Any]) -> None:
+        self._statement = statement
+        self._plans: dict[str, _Plan] = {}
+        # Result conversions depend on the column types the driver reports,
+        # known after the first execution on each dialect.
+        self._results: dict[str, tuple[Processor, ...]] = {}
+        self._lock = threading.Lock()
+
+    def first(self, connection: Connection, parameters: Mapping[str, Any]) -> Any:
+        """The first row (attributes named as the columns, and ``_asdict``), or None."""
+        dialect = connection.dialect
+        plan = self._plan(dialect)
+        values = _bound(plan, parameters)
+        dbapi_connection = connection.connection.dbapi_connection
+        assert dbapi_connection is not None  # a checked-out connection has one
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(plan.sql, values)
+            raw = cursor.fetchone()
+            processors = self._results.get(dialect.name) or self._learn(dialect, plan,
+                                                                       cursor.description)
+        except dialect.loaded_dbapi.Error:
+            cursor.close()
+            return connection.execute(self._statement, dict(parameters)).first()
+        cursor.close()
+        if raw is None:
+            return None
+        return plan.row(*(value if process is None or value is None else process(value)
+                          for process, value in zip(processors, raw, strict=True)))
+
+    def _plan(self, dialect: Dialect) -> _Plan:
+        plan = self._plans.get(dialect.name)
+        if plan is None:
+            with self._lock:
+                plan = self._plans.setdefault(dialect.name, _compile(self._statement, dialect))
+        return plan
+
+    def _learn(self, dialect: Dialect, plan: _Plan,
+               description: Sequence[Sequence[Any]]) -> tuple[Processor, ...]:
+        processors = tuple(
+            column.type.dialect_impl(dialect).result_processor(dialect, described[1])
+            for column, described in zip(plan.columns, description, strict=True))
+        self._results[dialect.name] = processors
+        return processors
+
+
+def _compile(statement: Select[Any], dialect: Dialect) -> _Plan:
+    compiled = statement.compile(dialect=dialect)
+    assert isinstance(compiled, SQLCompiler)
+    sql = str(compiled)
+    if "POSTCOMPILE" in sql:
+        raise ValueError("a prepared select cannot hold an expanding IN; use Connection.execute")
+    # Keyed by the names the SQL text uses, which for a literal are made up.
+    binds: dict[str, Processor] = {
+        name: bind.type.dialect_impl(dialect).bind_processor(dialect)
+        for name, bind in compiled.binds.items()}
+    # Values written into the statement itself (a literal in a WHERE).
+    constants = {name: bind.value for name, bind in compiled.binds.items()
+                 if bind.value is not None and not bind.required}
+    columns = tuple(statement.selected_columns)
+    row = namedtuple("Row", [column.key for column in columns])  # type: ignore[misc]
+    order = tuple(compiled.positiontup or ()) if compiled.positional else None
+    return _Plan(sql, order, binds, constants, row, columns)
+
+
+def _bound(plan: _Plan, parameters: Mapping[str, Any]) -> Any:
+    values = {**plan.constants, **parameters}
+    for name, process in plan.binds.items():
+        if process is not None:
+            values[name] = process(values[name])
+    if plan.order is None:
+        return values
+    return tuple(values[name] for name in plan.order)
