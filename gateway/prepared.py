@@ -25,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Select
 from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import NoResultFound
 from sqlalchemy.sql.compiler import SQLCompiler
 
 Processor = Callable[[Any], Any] | None
@@ -76,6 +77,13 @@ class PreparedSelect:
             return None
         return plan.row(*(value if process is None or value is None else process(value)
                           for process, value in zip(processors, raw, strict=True)))
+
+    def one(self, connection: Connection, parameters: Mapping[str, Any]) -> Any:
+        """The row of a look-up by a unique key, which must find one (else NoResultFound)."""
+        row = self.first(connection, parameters)
+        if row is None:
+            raise NoResultFound("no row was found for a look-up that requires one")
+        return row
 
     def _plan(self, dialect: Dialect) -> _Plan:
         plan = self._plans.get(dialect.name)

@@ -170,22 +170,22 @@ _AUTHENTICATE: Final = PreparedSelect(
 
 def name_of(connection: Connection, client_id: str) -> str:
     """The client's registered name, as pages show it to users."""
-    name: str = connection.execute(_CLIENT_NAME, {"client_id": client_id}).scalar_one()
+    name: str = _CLIENT_NAME.one(connection, {"client_id": client_id}).name
     return name
 
 
 def webhook_url_of(connection: Connection, client_id: str) -> str | None:
     """Where the client's webhooks go; None when it takes none."""
-    url: str | None = connection.execute(_WEBHOOK_URL, {"client_id": client_id}).scalar_one()
+    url: str | None = _WEBHOOK_URL.one(connection, {"client_id": client_id}).webhook_url
     return url
 
 
 # Built once: pages and transitions read one column of a client this way,
 # without loading it.
-_CLIENT_NAME: Final = select(Client.__table__.c.name).where(
-    Client.__table__.c.id == bindparam("client_id"))
-_WEBHOOK_URL: Final = select(Client.__table__.c.webhook_url).where(
-    Client.__table__.c.id == bindparam("client_id"))
+_CLIENT_NAME: Final = PreparedSelect(select(Client.__table__.c.name).where(
+    Client.__table__.c.id == bindparam("client_id")))
+_WEBHOOK_URL: Final = PreparedSelect(select(Client.__table__.c.webhook_url).where(
+    Client.__table__.c.id == bindparam("client_id")))
 
 
 def identity_of(client: Client) -> ClientIdentity:

@@ -25,6 +25,7 @@ from werkzeug.datastructures import CallbackDict
 from gateway import db
 from gateway.clock import Clock
 from gateway.identity.models import BrowserSession
+from gateway.prepared import PreparedSelect
 from gateway.settings import Secret, Settings
 from gateway.tokens import keyed_digest, new_token
 
@@ -90,8 +91,7 @@ class ServerSessionInterface(SessionInterface):
             return ServerSession()
         # On the request's autocommit connection: most requests read their session
         # and write nothing.
-        row = db.autocommit().execute(
-            _LOOKUP, {"digest": keyed_digest(self._pepper, token)}).one_or_none()
+        row = _LOOKUP.first(db.autocommit(), {"digest": keyed_digest(self._pepper, token)})
         if row is None:
             return ServerSession()
         now = self._clock.now()
@@ -161,7 +161,7 @@ class ServerSessionInterface(SessionInterface):
 
 _SESSIONS: Final = BrowserSession.metadata.tables[BrowserSession.__tablename__]
 # Built once: every page request with a cookie runs it.
-_LOOKUP: Final = select(
+_LOOKUP: Final = PreparedSelect(select(
     _SESSIONS.c.subject_iss, _SESSIONS.c.subject_sub, _SESSIONS.c.data,
     _SESSIONS.c.created_at, _SESSIONS.c.last_seen_at,
-).where(_SESSIONS.c.digest == bindparam("digest"))
+).where(_SESSIONS.c.digest == bindparam("digest")))

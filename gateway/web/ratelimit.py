@@ -59,12 +59,29 @@ class SteadyMemoryStorage(MemoryStorage):
     def __init__(self, uri: str | None = None, wrap_exceptions: bool = False,
                  **options: str) -> None:
         super().__init__(uri, wrap_exceptions=wrap_exceptions, **options)
+        self._counting = threading.Lock()
         sweeper = threading.Thread(target=_sweep, args=(weakref.ref(self),),
                                    name="ratelimit-sweeper", daemon=True)
         sweeper.start()
 
     def _MemoryStorage__schedule_expiry(self) -> None:
         """Nothing to schedule: the sweeper thread runs on its own."""
+
+    def incr(self, key: str, expiry: float, amount: int = 1) -> int:
+        """Count ``amount`` in the key's window, starting a new window once it expired.
+
+        What the base class does, in one step under one lock: it runs twice
+        on every API request, and the base class's version (an expiry check,
+        a lock per key) cost more than the rest of the limit check.
+        """
+        now = time.time()
+        with self._counting:
+            if self.expirations.get(key, 0) <= now:
+                self.storage.pop(key, None)
+            count = self.storage[key] = self.storage[key] + amount
+            if count == amount:
+                self.expirations[key] = now + expiry
+        return count
 
 
 def _sweep(storage: weakref.ref[SteadyMemoryStorage]) -> None:

@@ -18,7 +18,7 @@ from sqlalchemy import (
     bindparam,
     select,
 )
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, NoResultFound
 
 from gateway import db
 from gateway.db import UTCDateTime
@@ -107,3 +107,10 @@ def test_an_expanding_in_is_refused(connection: Connection) -> None:
     prepared = PreparedSelect(select(things).where(things.c.id.in_(["a", "b"])))
     with pytest.raises(ValueError, match="expanding IN"):
         prepared.first(connection, {})
+
+
+def test_one_requires_a_row(connection: Connection) -> None:
+    prepared = PreparedSelect(BY_ID)
+    assert prepared.one(connection, {"id": "a"}).status == "open"
+    with pytest.raises(NoResultFound):
+        prepared.one(connection, {"id": "missing"})
