@@ -10,9 +10,9 @@ and each column's bind and result conversions, taken from SQLAlchemy's own
 types, so that a value reads back exactly as through ``Connection.execute``.
 
 Only reads: writes go through SQLAlchemy, whose events queue SQLite's
-writers (:mod:`gateway.db`). When the driver raises, the statement runs
-again through SQLAlchemy, which then reports the error as it always does
-and discards a connection that died.
+writers (:mod:`gateway.db`). A driver's error is reported as SQLAlchemy
+reports it, and a connection that died is invalidated so that the pool
+replaces it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Select
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import NoResultFound
+from sqlalchemy.exc import DBAPIError, NoResultFound, StatementError
 from sqlalchemy.sql.compiler import SQLCompiler
 
 Processor = Callable[[Any], Any] | None
@@ -67,12 +67,12 @@ class PreparedSelect:
         try:
             cursor.execute(plan.sql, values)
             raw = cursor.fetchone()
-            processors = self._results.get(dialect.name) or self._learn(dialect, plan,
-                                                                       cursor.description)
-        except dialect.loaded_dbapi.Error:
+            description = cursor.description
+        except dialect.loaded_dbapi.Error as error:
+            raise _reported(connection, plan, error, cursor) from error
+        finally:
             cursor.close()
-            return connection.execute(self._statement, dict(parameters)).first()
-        cursor.close()
+        processors = self._results.get(dialect.name) or self._learn(dialect, plan, description)
         if raw is None:
             return None
         return plan.row(*(value if process is None or value is None else process(value)
@@ -118,6 +118,20 @@ def _compile(statement: Select[Any], dialect: Dialect) -> _Plan:
     row = namedtuple("Row", [column.key for column in columns])  # type: ignore[misc]
     order = tuple(compiled.positiontup or ()) if compiled.positional else None
     return _Plan(sql, order, binds, constants, row, columns)
+
+
+def _reported(connection: Connection, plan: _Plan, error: Any, cursor: Any) -> StatementError:
+    # As SQLAlchemy reports a driver's error: its own exception class, and a
+    # connection that died is invalidated, so the pool replaces it. The
+    # parameters stay out of the message (they may be token digests).
+    dialect = connection.dialect
+    disconnected = dialect.is_disconnect(error, connection.connection.dbapi_connection, cursor)
+    if disconnected:
+        connection.invalidate(error)
+    reported: StatementError = DBAPIError.instance(
+        plan.sql, None, error, dialect.loaded_dbapi.Error, hide_parameters=True,
+        connection_invalidated=disconnected, dialect=dialect)
+    return reported
 
 
 def _bound(plan: _Plan, parameters: Mapping[str, Any]) -> Any:

@@ -119,10 +119,10 @@ class StaticHeaders:
     """WSGI middleware adding :data:`STATIC_HEADERS` to every response as it starts.
 
     Added to the plain list of the WSGI call, not one by one to the Flask
-    response, whose header map scans itself for each name set: on a
-    short API answer that was a tenth of the gateway's own time. It also
-    covers responses no ``after_request`` hook sees. A header a view set
-    itself is left as the view set it.
+    response, whose header map scans all its headers for each one set (this
+    halved the time the headers took on an API answer). It also covers
+    responses no ``after_request`` hook sees. A header a view set itself is
+    left as the view set it.
     """
 
     def __init__(self, app: WSGIApplication) -> None:

@@ -16,7 +16,9 @@ from sqlalchemy import (
     String,
     Table,
     bindparam,
+    create_engine,
     select,
+    text,
 )
 from sqlalchemy.exc import DBAPIError, NoResultFound
 
@@ -97,8 +99,9 @@ def test_parameters_are_converted_by_their_column_type(connection: Connection) -
 def test_a_driver_error_comes_out_as_sqlalchemys(connection: Connection) -> None:
     missing = Table("prepared_missing", MetaData(), Column("id", String(20)))
     prepared = PreparedSelect(select(missing).where(missing.c.id == bindparam("id")))
-    with pytest.raises(DBAPIError):
-        prepared.first(connection, {"id": "a"})
+    with pytest.raises(DBAPIError, match="prepared_missing") as raised:
+        prepared.first(connection, {"id": "secret-ish"})
+    assert "secret-ish" not in str(raised.value)
     # The connection still serves.
     assert PreparedSelect(BY_ID).first(connection, {"id": "a"}).id == "a"
 
@@ -114,3 +117,21 @@ def test_one_requires_a_row(connection: Connection) -> None:
     assert prepared.one(connection, {"id": "a"}).status == "open"
     with pytest.raises(NoResultFound):
         prepared.one(connection, {"id": "missing"})
+
+
+def test_a_connection_that_died_is_replaced(connection: Connection, clean_database: str) -> None:
+    if connection.dialect.name != "postgresql":
+        pytest.skip("a SQLite file has no server to lose the connection")
+    pid = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+    admin = create_engine(clean_database, isolation_level="AUTOCOMMIT")
+    with admin.connect() as other:
+        other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    admin.dispose()
+    with pytest.raises(DBAPIError) as raised:
+        PreparedSelect(BY_ID).first(connection, {"id": "a"})
+    assert raised.value.connection_invalidated
+    # As after any SQLAlchemy statement that lost its connection: once rolled
+    # back, the Connection goes on with a new one from the pool.
+    connection.rollback()
+    assert PreparedSelect(BY_ID).first(connection, {"id": "a"}).id == "a"
+    assert connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() != pid
