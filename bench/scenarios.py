@@ -423,10 +423,10 @@ SESSION_COOKIE = "__Host-gateway_session"
 SECRET = "bench-" + "k" * 40
 # Pending elicitations made for `submit`, one per measured request: enough for
 # the default load (the check, 2 s warm-up and 2 rounds of 10 s on the
-# gateway) at up to 180 submits/s twice over, more than twice the rate seen
-# on 2 cores. A run that needs more fails the scenario rather than measure
-# submits to completed elicitations: raise it for longer runs.
-SUBMIT_POOL = 8_000
+# gateway) at up to 450 submits/s twice over, more than the rate seen on 2
+# cores (300 to 370/s). A run that needs more fails the scenario rather than
+# measure submits to completed elicitations: raise it for longer runs.
+SUBMIT_POOL = 20_000
 # The submit client's webhook: an event per completion goes to the outbox, as
 # for any client with a webhook; nothing delivers it during the bench.
 WEBHOOK_URL = "http://127.0.0.1:9/bench-webhook"
