@@ -50,10 +50,10 @@ class PreparedSelect:
 
     def __init__(self, statement: Select[Any]) -> None:
         self._statement = statement
-        self._plans: dict[str, _Plan] = {}
+        self._plans: dict[_DialectKey, _Plan] = {}
         # Result conversions depend on the column types the driver reports,
         # known after the first execution on each dialect.
-        self._results: dict[str, tuple[Processor, ...]] = {}
+        self._results: dict[_DialectKey, tuple[Processor, ...]] = {}
         self._lock = threading.Lock()
 
     def first(self, connection: Connection, parameters: Mapping[str, Any]) -> Any:
@@ -72,7 +72,7 @@ class PreparedSelect:
             raise _reported(connection, plan, error, cursor) from error
         finally:
             cursor.close()
-        processors = self._results.get(dialect.name) or self._learn(dialect, plan, description)
+        processors = self._results.get(_key(dialect)) or self._learn(dialect, plan, description)
         if raw is None:
             return None
         return plan.row(*(value if process is None or value is None else process(value)
@@ -86,10 +86,10 @@ class PreparedSelect:
         return row
 
     def _plan(self, dialect: Dialect) -> _Plan:
-        plan = self._plans.get(dialect.name)
+        plan = self._plans.get(_key(dialect))
         if plan is None:
             with self._lock:
-                plan = self._plans.setdefault(dialect.name, _compile(self._statement, dialect))
+                plan = self._plans.setdefault(_key(dialect), _compile(self._statement, dialect))
         return plan
 
     def _learn(self, dialect: Dialect, plan: _Plan,
@@ -97,8 +97,17 @@ class PreparedSelect:
         processors = tuple(
             column.type.dialect_impl(dialect).result_processor(dialect, described[1])
             for column, described in zip(plan.columns, description, strict=True))
-        self._results[dialect.name] = processors
+        self._results[_key(dialect)] = processors
         return processors
+
+
+# What the SQL text and the conversions depend on: the database, its driver
+# and the driver's parameter style.
+_DialectKey = tuple[str, str, str]
+
+
+def _key(dialect: Dialect) -> _DialectKey:
+    return dialect.name, dialect.driver, dialect.paramstyle
 
 
 def _compile(statement: Select[Any], dialect: Dialect) -> _Plan:
