@@ -59,7 +59,8 @@ class PreparedSelect:
     def first(self, connection: Connection, parameters: Mapping[str, Any]) -> Any:
         """The first row (attributes named as the columns, and ``_asdict``), or None."""
         dialect = connection.dialect
-        plan = self._plan(dialect)
+        key = _key(dialect)
+        plan = self._plan(key, dialect)
         values = _bound(plan, parameters)
         dbapi_connection = connection.connection.dbapi_connection
         assert dbapi_connection is not None  # a checked-out connection has one
@@ -72,7 +73,7 @@ class PreparedSelect:
             raise _reported(connection, plan, error, cursor) from error
         finally:
             cursor.close()
-        processors = self._results.get(_key(dialect)) or self._learn(dialect, plan, description)
+        processors = self._results.get(key) or self._learn(key, dialect, plan, description)
         if raw is None:
             return None
         return plan.row(*(value if process is None or value is None else process(value)
@@ -85,19 +86,19 @@ class PreparedSelect:
             raise NoResultFound("no row was found for a look-up that requires one")
         return row
 
-    def _plan(self, dialect: Dialect) -> _Plan:
-        plan = self._plans.get(_key(dialect))
+    def _plan(self, key: _DialectKey, dialect: Dialect) -> _Plan:
+        plan = self._plans.get(key)
         if plan is None:
             with self._lock:
-                plan = self._plans.setdefault(_key(dialect), _compile(self._statement, dialect))
+                plan = self._plans.setdefault(key, _compile(self._statement, dialect))
         return plan
 
-    def _learn(self, dialect: Dialect, plan: _Plan,
+    def _learn(self, key: _DialectKey, dialect: Dialect, plan: _Plan,
                description: Sequence[Sequence[Any]]) -> tuple[Processor, ...]:
         processors = tuple(
             column.type.dialect_impl(dialect).result_processor(dialect, described[1])
             for column, described in zip(plan.columns, description, strict=True))
-        self._results[_key(dialect)] = processors
+        self._results[key] = processors
         return processors
 
 
