@@ -1,18 +1,25 @@
-"""Prepared reads: a Core SELECT compiled once per dialect, run on the driver's cursor.
+"""Prepared statements: a Core statement compiled once per dialect, run on the driver's cursor.
 
 SQLAlchemy's execution path (compiled-cache lookup, parameter building, event
 dispatch, result metadata) costs several times more than the statement it
-runs when that statement is a primary-key look-up on SQLite, and those
-look-ups run on every API request (the token check, the read of an
-elicitation or a sealed credential). A :class:`PreparedSelect` keeps what
-that path works out each time: the SQL text, the order of its parameters,
-and each column's bind and result conversions, taken from SQLAlchemy's own
-types, so that a value reads back exactly as through ``Connection.execute``.
+runs when that statement is a primary-key look-up or a one-row write on
+SQLite, and those run on every API request and every submit. A prepared
+statement keeps what that path works out each time: the SQL text, the order
+of its parameters, and each column's bind and result conversions, taken from
+SQLAlchemy's own types, so that a value is written and read back exactly as
+through ``Connection.execute``.
 
-Only reads: writes go through SQLAlchemy, whose events queue SQLite's
-writers (:mod:`gateway.db`). A driver's error is reported as SQLAlchemy
-reports it, and a connection that died is invalidated so that the pool
-replaces it.
+- :class:`PreparedSelect` reads rows.
+- :class:`PreparedWrite` runs an INSERT, UPDATE or DELETE (with RETURNING or
+  not). It runs the engine's ``before_cursor_execute`` and
+  ``after_cursor_execute`` listeners around the statement, as SQLAlchemy
+  does, so SQLite's writer queue (:mod:`gateway.db`) sees every write.
+  On a SQLite write transaction the queue's lock is held from the first write
+  to the commit, so the less Python runs in between, the sooner the next
+  writer goes: this is the other reason writes are prepared.
+
+A driver's error is reported as SQLAlchemy reports it, and a connection that
+died is invalidated so that the pool replaces it.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Select
+from sqlalchemy import Connection, Delete, Insert, Select, Table, Update, bindparam, insert
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, NoResultFound, StatementError
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -45,46 +52,19 @@ class _Plan:
     columns: tuple[Any, ...]
 
 
-class PreparedSelect:
-    """A SELECT whose bind parameters all have names (``bindparam("id")``)."""
+Statement = Select[Any] | Insert | Update | Delete
 
-    def __init__(self, statement: Select[Any]) -> None:
+
+class _Prepared:
+    """A statement whose bind parameters all have names (``bindparam("id")``)."""
+
+    def __init__(self, statement: Statement) -> None:
         self._statement = statement
         self._plans: dict[_DialectKey, _Plan] = {}
         # Result conversions depend on the column types the driver reports,
         # known after the first execution on each dialect.
         self._results: dict[_DialectKey, tuple[Processor, ...]] = {}
         self._lock = threading.Lock()
-
-    def first(self, connection: Connection, parameters: Mapping[str, Any]) -> Any:
-        """The first row (attributes named as the columns, and ``_asdict``), or None."""
-        dialect = connection.dialect
-        key = _key(dialect)
-        plan = self._plan(key, dialect)
-        values = _bound(plan, parameters)
-        dbapi_connection = connection.connection.dbapi_connection
-        assert dbapi_connection is not None  # a checked-out connection has one
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute(plan.sql, values)
-            raw = cursor.fetchone()
-            description = cursor.description
-        except dialect.loaded_dbapi.Error as error:
-            raise _reported(connection, plan, error, cursor) from error
-        finally:
-            cursor.close()
-        processors = self._results.get(key) or self._learn(key, dialect, plan, description)
-        if raw is None:
-            return None
-        return plan.row(*(value if process is None or value is None else process(value)
-                          for process, value in zip(processors, raw, strict=True)))
-
-    def one(self, connection: Connection, parameters: Mapping[str, Any]) -> Any:
-        """The row of a look-up by a unique key, which must find one (else NoResultFound)."""
-        row = self.first(connection, parameters)
-        if row is None:
-            raise NoResultFound("no row was found for a look-up that requires one")
-        return row
 
     def _plan(self, key: _DialectKey, dialect: Dialect) -> _Plan:
         plan = self._plans.get(key)
@@ -93,6 +73,15 @@ class PreparedSelect:
                 plan = self._plans.setdefault(key, _compile(self._statement, dialect))
         return plan
 
+    def _rows(self, key: _DialectKey, dialect: Dialect, plan: _Plan, raw: list[Any],
+              description: Sequence[Sequence[Any]] | None) -> list[Any]:
+        if not raw or description is None:
+            return []
+        processors = self._results.get(key) or self._learn(key, dialect, plan, description)
+        return [plan.row(*(value if process is None or value is None else process(value)
+                           for process, value in zip(processors, values, strict=True)))
+                for values in raw]
+
     def _learn(self, key: _DialectKey, dialect: Dialect, plan: _Plan,
                description: Sequence[Sequence[Any]]) -> tuple[Processor, ...]:
         processors = tuple(
@@ -100,6 +89,102 @@ class PreparedSelect:
             for column, described in zip(plan.columns, description, strict=True))
         self._results[key] = processors
         return processors
+
+
+class PreparedSelect(_Prepared):
+    """A SELECT whose bind parameters all have names (``bindparam("id")``)."""
+
+    def __init__(self, statement: Select[Any]) -> None:
+        super().__init__(statement)
+
+    def first(self, connection: Connection, parameters: Mapping[str, Any]) -> Any:
+        """The first row (attributes named as the columns, and ``_asdict``), or None."""
+        dialect = connection.dialect
+        key = _key(dialect)
+        plan = self._plan(key, dialect)
+        values = _bound(plan, parameters)
+        cursor = _cursor(connection)
+        try:
+            cursor.execute(plan.sql, values)
+            raw = cursor.fetchone()
+            description = cursor.description
+        except dialect.loaded_dbapi.Error as error:
+            raise _reported(connection, plan, error, cursor) from error
+        finally:
+            cursor.close()
+        rows = self._rows(key, dialect, plan, [] if raw is None else [raw], description)
+        return rows[0] if rows else None
+
+    def one(self, connection: Connection, parameters: Mapping[str, Any]) -> Any:
+        """The row of a look-up by a unique key, which must find one (else NoResultFound)."""
+        row = self.first(connection, parameters)
+        if row is None:
+            raise NoResultFound("no row was found for a look-up that requires one")
+        return row
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What a write did: the rows it matched, and what its RETURNING clause gave."""
+
+    rowcount: int
+    rows: list[Any]
+
+
+class PreparedWrite(_Prepared):
+    """An INSERT, UPDATE or DELETE whose bind parameters all have names.
+
+    An INSERT names its columns: ``insert(table).values({name: bindparam(name,
+    type_=column.type)})`` (see :func:`insert_into`); a column's Python-side
+    default is not applied here, so every column without a server default
+    gets a value.
+    """
+
+    def __init__(self, statement: Insert | Update | Delete) -> None:
+        super().__init__(statement)
+
+    def run(self, connection: Connection, parameters: Mapping[str, Any]) -> Written:
+        """Run the write in ``connection``'s transaction (or on its own, in autocommit)."""
+        dialect = connection.dialect
+        key = _key(dialect)
+        plan = self._plan(key, dialect)
+        values = _bound(plan, parameters)
+        cursor = _cursor(connection)
+        dispatch = connection.dispatch
+        try:
+            # The listeners SQLAlchemy runs around every statement: here,
+            # SQLite's writer queue takes its turn before the write and, on
+            # an autocommit connection, gives it back after.
+            dispatch.before_cursor_execute(connection, cursor, plan.sql, values, None, False)
+            cursor.execute(plan.sql, values)
+            raw = cursor.fetchall() if plan.columns else []
+            description = cursor.description
+            rowcount = cursor.rowcount
+            dispatch.after_cursor_execute(connection, cursor, plan.sql, values, None, False)
+        except dialect.loaded_dbapi.Error as error:
+            raise _reported(connection, plan, error, cursor) from error
+        finally:
+            cursor.close()
+        return Written(rowcount, self._rows(key, dialect, plan, raw, description))
+
+
+def insert_into(table: Table, columns: Sequence[str] | None = None, *,
+                returning: Sequence[str] = ()) -> Insert:
+    """An INSERT of ``columns`` (default: all but a generated key), each bound by its name."""
+    generated = table.autoincrement_column
+    chosen = [table.c[name] for name in columns] if columns is not None else [
+        column for column in table.columns if column is not generated]
+    statement = insert(table).values({
+        column.key: bindparam(column.key, type_=column.type) for column in chosen})
+    if returning:
+        statement = statement.returning(*(table.c[name] for name in returning))
+    return statement
+
+
+def _cursor(connection: Connection) -> Any:
+    dbapi_connection = connection.connection.dbapi_connection
+    assert dbapi_connection is not None  # a checked-out connection has one
+    return dbapi_connection.cursor()
 
 
 # What the SQL text and the conversions depend on: the database, its driver
@@ -111,20 +196,23 @@ def _key(dialect: Dialect) -> _DialectKey:
     return dialect.name, dialect.driver, dialect.paramstyle
 
 
-def _compile(statement: Select[Any], dialect: Dialect) -> _Plan:
+def _compile(statement: Statement, dialect: Dialect) -> _Plan:
     compiled = statement.compile(dialect=dialect)
     assert isinstance(compiled, SQLCompiler)
     sql = str(compiled)
     if "POSTCOMPILE" in sql:
-        raise ValueError("a prepared select cannot hold an expanding IN; use Connection.execute")
+        raise ValueError("a prepared statement cannot hold an expanding IN; use "
+                         "Connection.execute")
     # Keyed by the names the SQL text uses, which for a literal are made up.
     binds: dict[str, Processor] = {
         name: bind.type.dialect_impl(dialect).bind_processor(dialect)
         for name, bind in compiled.binds.items()}
-    # Values written into the statement itself (a literal in a WHERE).
+    # Values written into the statement itself (a literal in a WHERE, a
+    # None in an UPDATE's SET).
     constants = {name: bind.value for name, bind in compiled.binds.items()
-                 if bind.value is not None and not bind.required}
-    columns = tuple(statement.selected_columns)
+                 if not bind.required}
+    # A SELECT's columns, or what a write's RETURNING gives (none without one).
+    columns = tuple(statement.exported_columns)
     row = namedtuple("Row", [column.key for column in columns])  # type: ignore[misc]
     order = tuple(compiled.positiontup or ()) if compiled.positional else None
     return _Plan(sql, order, binds, constants, row, columns)
@@ -146,6 +234,9 @@ def _reported(connection: Connection, plan: _Plan, error: Any, cursor: Any) -> S
 
 def _bound(plan: _Plan, parameters: Mapping[str, Any]) -> Any:
     values = {**plan.constants, **parameters}
+    if missing := plan.binds.keys() - values.keys():
+        # Checked before anything is sent, and every missing name told.
+        raise KeyError(f"no value for the parameters {', '.join(sorted(missing))}")
     for name, process in plan.binds.items():
         if process is not None:
             values[name] = process(values[name])

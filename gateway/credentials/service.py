@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import Connection, and_, bindparam, delete, insert, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from gateway import db
@@ -27,7 +27,7 @@ from gateway.elicitations.lifecycle import Status
 from gateway.elicitations.models import Elicitation
 from gateway.errors import Conflict, GatewayError, NotFound
 from gateway.pagination import decode_cursor, encode_cursor, timestamp
-from gateway.prepared import PreparedSelect
+from gateway.prepared import PreparedSelect, PreparedWrite, insert_into
 from gateway.tokens import new_id
 from gateway.vault.envelope import Envelope, VaultError, bind, reveal_plaintext, seal
 from gateway.vault.keyring import Keyring
@@ -127,10 +127,10 @@ def capture(session: Session, clock: Clock, elicitation: Elicitation, credential
                          event_data={"credential": {"id": credential.id,
                                                     "type": credential.type,
                                                     "hint": credential.hint}})
-    # A plain INSERT, not a flush of the ORM object (every capture runs it);
-    # written before the owner's lock is taken, so the lock is held only
+    # A prepared INSERT, not a flush of the ORM object (every capture runs
+    # it); written before the owner's lock is taken, so the lock is held only
     # from here to the commit.
-    session.connection().execute(_INSERT, {
+    _INSERT.run(session.connection(), {
         column.key: getattr(credential, column.key) for column in _CREDENTIALS.columns})
     superseded = _supersede(session, credential, clock.now())
     audit.record(session, clock, actor=actor, action="credential.captured",
@@ -147,18 +147,18 @@ def _supersede(session: Session, credential: Credential, now: datetime) -> list[
     # for the other's commit before it looks, and then sees its key.
     db.serialize(session, "credential-owner", credential.client_id, credential.subject_iss,
                  credential.subject_sub, credential.type)
-    revoked = session.connection().execute(_SUPERSEDE, {
+    revoked = _SUPERSEDE.run(session.connection(), {
         "owner_client": credential.client_id, "owner_iss": credential.subject_iss,
         "owner_sub": credential.subject_sub, "owner_type": credential.type,
         "keep": credential.id, "revoked": now})
-    return sorted(revoked.scalars())
+    return sorted(row.id for row in revoked.rows)
 
 
 _CREDENTIALS: Final = Credential.metadata.tables[Credential.__tablename__]
-_INSERT: Final = insert(_CREDENTIALS)
+_INSERT: Final = PreparedWrite(insert_into(_CREDENTIALS))
 # Built once; the names of its parameters are not column names, which an
 # UPDATE reserves for its SET clause.
-_SUPERSEDE: Final = (
+_SUPERSEDE: Final = PreparedWrite(
     update(_CREDENTIALS)
     .where(_CREDENTIALS.c.client_id == bindparam("owner_client"),
            _CREDENTIALS.c.subject_iss == bindparam("owner_iss"),

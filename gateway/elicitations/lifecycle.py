@@ -29,6 +29,7 @@ from gateway.clock import Clock
 from gateway.db import UTCDateTime
 from gateway.elicitations.models import Elicitation, ElicitationSnapshot
 from gateway.errors import Conflict
+from gateway.prepared import PreparedWrite
 from gateway.webhooks import outbox
 
 
@@ -84,7 +85,11 @@ def transition(
         raise IllegalTransition(f"an elicitation that is {current} cannot become {to}",
                                 elicitation_status=current.value)
     stamped = "opened_at" if to is Status.OPENED else "ended_at"
-    result = session.connection().execute(_MOVES[stamped], {
+    # Read before the UPDATE: on SQLite the first write takes the one write
+    # lock, and every statement from there to the commit holds it longer.
+    webhook_url = (clients.webhook_url_of(session.connection(), elicitation.client_id)
+                   if to in TERMINAL else None)
+    result = _MOVES[stamped].run(session.connection(), {
         "elicitation_id": elicitation.id, "from_status": current.value,
         "to_status": to.value, "at": now})
     if result.rowcount != 1:
@@ -101,13 +106,12 @@ def transition(
                           **(details or {})})
     changes.announce(session, CHANGE_TOPIC)
     if to in TERMINAL:
-        _enqueue_event(session, clock, elicitation, event_data or {})
+        _enqueue_event(session, clock, elicitation, webhook_url, event_data or {})
     return elicitation
 
 
 def _enqueue_event(session: Session, clock: Clock, elicitation: Elicitation,
-                   extra: dict[str, Any]) -> None:
-    webhook_url = clients.webhook_url_of(session.connection(), elicitation.client_id)
+                   webhook_url: str | None, extra: dict[str, Any]) -> None:
     data = {
         "elicitation_id": elicitation.id,
         "status": elicitation.status,
@@ -124,9 +128,11 @@ def _enqueue_event(session: Session, clock: Clock, elicitation: Elicitation,
 # stamps one time: opened_at when opened, ended_at when it ends.
 _TABLE: Final = Elicitation.metadata.tables[Elicitation.__tablename__]
 _MOVES: Final = {
-    stamped: update(_TABLE)
-    .where(_TABLE.c.id == bindparam("elicitation_id"),
-           _TABLE.c.status == bindparam("from_status"))
-    .values({"status": bindparam("to_status"), stamped: bindparam("at", type_=UTCDateTime)})
+    stamped: PreparedWrite(
+        update(_TABLE)
+        .where(_TABLE.c.id == bindparam("elicitation_id"),
+               _TABLE.c.status == bindparam("from_status"))
+        .values({"status": bindparam("to_status", type_=_TABLE.c.status.type),
+                 stamped: bindparam("at", type_=UTCDateTime)}))
     for stamped in ("opened_at", "ended_at")
 }

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import Connection, and_, bindparam, insert, or_, select
+from sqlalchemy import Connection, and_, bindparam, or_, select
 from sqlalchemy.orm import Session
 
 from gateway.audit import service as audit
@@ -31,7 +31,7 @@ from gateway.elicitations.schemas import (
 )
 from gateway.errors import Conflict, GatewayError, InvalidInput, NotFound
 from gateway.pagination import decode_cursor, encode_cursor, timestamp
-from gateway.prepared import PreparedSelect
+from gateway.prepared import PreparedSelect, PreparedWrite, insert_into
 from gateway.tokens import new_id
 
 MAX_PAGE: Final = 100
@@ -191,7 +191,7 @@ def _insert(session: Session, clock: Clock, caller: Caller, request: Create,
     details = {"client_id": caller.client.id, "kind": request.kind,
                "credential_type": elicitation.credential_type,
                "ttl_seconds": request.ttl_seconds}
-    session.connection().execute(_INSERT, values)
+    _INSERT.run(session.connection(), values)
     audit.record(session, clock, actor=caller.actor, action="elicitation.created",
                  target=elicitation.id, source_ip=caller.source_ip, details=details)
 
@@ -245,7 +245,7 @@ _PEEK_ANY: Final = select(*(
     for name in _SNAPSHOT_FIELDS
 ))
 _PEEK: Final = PreparedSelect(_PEEK_ANY.where(_COLUMNS.id == bindparam("id")))
-_INSERT: Final = insert(_TABLE)
+_INSERT: Final = PreparedWrite(insert_into(_TABLE))
 # Still-open elicitations of one client, subject and kind, for the reuse rule.
 _REUSABLE: Final = _PEEK_ANY.where(
     _COLUMNS.client_id == bindparam("client_id"),

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from gateway import changes
 from gateway.clock import Clock
 from gateway.pagination import timestamp
+from gateway.prepared import PreparedWrite, insert_into
 from gateway.tokens import new_id
 from gateway.webhooks.models import WebhookEvent
 
@@ -31,9 +31,9 @@ def enqueue(session: Session, clock: Clock, client_id: str, webhook_url: str | N
     body = json.dumps({"type": event_type, "timestamp": timestamp(now), "data": data},
                       separators=(",", ":"), ensure_ascii=False)
     event_id = new_id("msg_", 18)
-    # A plain INSERT, not an ORM object: every submit, payment and cancel
+    # A prepared INSERT, not an ORM object: every submit, payment and cancel
     # with a webhook writes one, and nothing reads it back in the transaction.
-    session.connection().execute(_INSERT, {
+    _INSERT.run(session.connection(), {
         "id": event_id, "client_id": client_id, "type": event_type,
         "elicitation_id": elicitation_id, "body": body, "status": "pending", "attempts": 0,
         "next_attempt_at": now, "created_at": now})
@@ -41,4 +41,7 @@ def enqueue(session: Session, clock: Clock, client_id: str, webhook_url: str | N
     return event_id
 
 
-_INSERT: Final = insert(WebhookEvent.metadata.tables[WebhookEvent.__tablename__])
+_INSERT: Final = PreparedWrite(insert_into(
+    WebhookEvent.metadata.tables[WebhookEvent.__tablename__],
+    ("id", "client_id", "type", "elicitation_id", "body", "status", "attempts",
+     "next_attempt_at", "created_at")))
