@@ -267,11 +267,18 @@ class _WriterFileLock:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
 
 
+# In the ``info`` of a request's session: one-row writes that nothing reads
+# back in the transaction (audit events) may be held until its commit and
+# written together then. Sessions of the CLI and the worker write at once.
+WRITES_AT_COMMIT: Final = "gateway.writes_at_commit"
+
+
 def init_app(app: Flask, database_url: str) -> None:
     """Attach a lazily connecting engine and a session factory to the app."""
     engine = make_engine(database_url)
     app.extensions["gateway.engine"] = engine
-    app.extensions["gateway.sessionmaker"] = sessionmaker(engine, expire_on_commit=False)
+    app.extensions["gateway.sessionmaker"] = sessionmaker(
+        engine, expire_on_commit=False, info={WRITES_AT_COMMIT: True})
     app.extensions["gateway.autocommit"] = _autocommit_engine(engine)
     app.teardown_appcontext(_close_session)
 

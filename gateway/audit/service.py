@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Final, Literal
 
-from sqlalchemy import Connection, insert
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, bindparam, event, insert
+from sqlalchemy.orm import Session, SessionTransaction
 
 from gateway.audit.models import AuditEvent
 from gateway.clock import Clock
+from gateway.db import WRITES_AT_COMMIT
+from gateway.prepared import PreparedWrite
 
 Outcome = Literal["success", "failure", "denied"]
 
@@ -23,19 +26,20 @@ def record(
     target: str | None = None,
     source_ip: str | None = None,
     details: dict[str, Any] | None = None,
-) -> int:
-    """Write an audit event; its id.
+) -> None:
+    """Write an audit event.
 
-    In a session, the event commits with the session's change. On an
-    autocommit connection (:func:`gateway.db.autocommit`) it is a change of
-    its own, committed when this returns. Callers pass identifiers and
-    outcomes, never a secret: the trail is read by people who must not learn
-    keys from it.
+    In a session, the event commits with the session's change. A request's
+    session (see :data:`gateway.db.WRITES_AT_COMMIT`) holds its events until
+    the commit and writes them in one statement: a submit records three, and
+    on SQLite every statement of a transaction that wrote is one more wait
+    for the others' writers. On an autocommit connection
+    (:func:`gateway.db.autocommit`) the event is a change of its own,
+    committed when this returns. Callers pass identifiers and outcomes,
+    never a secret: the trail is read by people who must not learn keys
+    from it.
     """
-    connection = session.connection() if isinstance(session, Session) else session
-    # A plain INSERT, not an ORM object: rows are never read back or changed
-    # in the transaction that writes them, and this runs on hot paths.
-    result = connection.execute(_INSERT, {
+    row = {
         "occurred_at": clock.now(),
         "actor": actor,
         "action": action,
@@ -43,11 +47,43 @@ def record(
         "source_ip": source_ip,
         "outcome": outcome,
         "details": details or {},
-    })
-    key = result.inserted_primary_key
-    assert key is not None  # a single-row INSERT always reports its key
-    event_id: int = key[0]
-    return event_id
+    }
+    if isinstance(session, Connection):
+        _write(session, [row])
+    elif session.info.get(WRITES_AT_COMMIT):
+        session.info.setdefault(_PENDING, []).append(row)
+    else:
+        _write(session.connection(), [row])
 
 
-_INSERT: Final = insert(AuditEvent.metadata.tables[AuditEvent.__tablename__])
+_PENDING: Final = "gateway.audit_pending"
+_TABLE: Final = AuditEvent.metadata.tables[AuditEvent.__tablename__]
+_COLUMNS: Final = ("occurred_at", "actor", "action", "target", "source_ip", "outcome", "details")
+
+
+@event.listens_for(Session, "before_commit")
+def _write_pending(session: Session) -> None:
+    rows = session.info.pop(_PENDING, None)
+    if rows:
+        _write(session.connection(), rows)
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _forget(session: Session, transaction: SessionTransaction) -> None:
+    # Rolled back or closed: the events go with the change they recorded.
+    if transaction.parent is None:
+        session.info.pop(_PENDING, None)
+
+
+def _write(connection: Connection, rows: list[dict[str, Any]]) -> None:
+    _inserting(len(rows)).run(connection, {
+        f"{name}_{number}": value
+        for number, row in enumerate(rows) for name, value in row.items()})
+
+
+@functools.lru_cache(maxsize=8)
+def _inserting(count: int) -> PreparedWrite:
+    """One INSERT of ``count`` events (a transaction records one to a few)."""
+    return PreparedWrite(insert(_TABLE).values([
+        {name: bindparam(f"{name}_{number}", type_=_TABLE.c[name].type) for name in _COLUMNS}
+        for number in range(count)]))

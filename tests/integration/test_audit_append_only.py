@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from alembic import command
 from flask import Flask
-from sqlalchemy import Delete, Engine, Table, Update, delete, select, text, update
+from sqlalchemy import Delete, Engine, Table, Update, delete, func, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -28,9 +28,10 @@ EVENTS: Table = AuditEvent.__table__  # type: ignore[assignment]
 def record_one(engine: Engine) -> int:
     """Write one audit record the way the gateway does; its id."""
     with sessionmaker(engine).begin() as session:
-        return audit.record(session, SystemClock(), actor="operator:root",
-                            action="client.created", target="cl_weather",
-                            details={"name": "Weather MCP"})
+        audit.record(session, SystemClock(), actor="operator:root", action="client.created",
+                     target="cl_weather", details={"name": "Weather MCP"})
+        event_id: int = session.execute(select(func.max(EVENTS.c.id))).scalar_one()
+    return event_id
 
 
 def stored(engine: Engine, event_id: int) -> Any:
