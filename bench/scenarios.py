@@ -427,6 +427,12 @@ SECRET = "bench-" + "k" * 40
 # cores (300 to 370/s). A run that needs more fails the scenario rather than
 # measure submits to completed elicitations: raise it for longer runs.
 SUBMIT_POOL = 20_000
+# API clients the pool is spread over, in turn along the paths. A user's key
+# for one client and type has one owner, and an owner's captures take turns
+# on purpose: the newer one supersedes the older (on PostgreSQL they queue on
+# a lock until the other commits). Real load spreads over many users and
+# apps; one owner for every submit would measure that queue instead.
+SUBMIT_CLIENTS = 16
 # The submit client's webhook: an event per completion goes to the outbox, as
 # for any client with a webhook; nothing delivers it during the bench.
 WEBHOOK_URL = "http://127.0.0.1:9/bench-webhook"
@@ -601,11 +607,14 @@ class _SubmitPool:
     """The `submit` scenario's setup, and the count of what its requests used up."""
 
     size: int = SUBMIT_POOL
-    token: str | None = None
+    clients: int = SUBMIT_CLIENTS
+    tokens: tuple[str, ...] = ()
     pool: frozenset[str] = frozenset()
 
     def setup(self, gateway: Gateway, request: Request) -> Request:
-        self.token = _api_token(gateway, "bench-submit", webhook_url=WEBHOOK_URL)
+        self.tokens = tuple(
+            _api_token(gateway, _submit_client(number), webhook_url=WEBHOOK_URL)
+            for number in range(self.clients))
         password, subject = _local_user(gateway, "bench-submit")
         browser = _Browser(gateway)
         try:
@@ -617,9 +626,14 @@ class _SubmitPool:
         finally:
             browser.close()
         started = time.monotonic()
-        ids = _pending_pool(gateway, self.token, subject, self.size)
-        print(f"bench: submit: {len(ids):,} pending elicitations made in "
-              f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+        share = self.size // len(self.tokens)
+        per_client = [_pending_pool(gateway, token, subject, share) for token in self.tokens]
+        # Client after client along the paths, so that neighbouring submits
+        # (those wrk's connections send at once) belong to different owners.
+        ids = [i for turn in zip(*per_client, strict=True) for i in turn]
+        print(f"bench: submit: {len(ids):,} pending elicitations of {len(self.tokens)} "
+              f"clients made in {time.monotonic() - started:.0f} s", file=sys.stderr,
+              flush=True)
         self.pool = frozenset(ids)
         paths = tuple(f"/e/{i}" for i in ids)
         return dataclasses.replace(
@@ -628,29 +642,37 @@ class _SubmitPool:
 
     def consumed(self, gateway: Gateway) -> int:
         """How many of the pool's elicitations are completed now (through the API)."""
-        if self.token is None:
+        if not self.tokens:
             raise SetupError("the pool was never made")
         connection = _https(gateway)
-        completed = 0
-        cursor: str | None = None
         try:
-            while True:
-                query = urlencode({"status": "completed", "limit": 100,
-                                   **({"cursor": cursor} if cursor else {})})
-                status, _headers, body = _exchange(connection, Request(
-                    "GET", f"{ELICITATIONS}?{query}",
-                    headers={"Authorization": f"Bearer {self.token}"}))
-                if status != 200:
-                    raise SetupError(f"listing completed elicitations answered {status}")
-                page = json.loads(body)
-                completed += sum(1 for item in page["items"] if item["id"] in self.pool)
-                cursor = page.get("next_cursor")
-                if not cursor:
-                    return completed
+            return sum(self._completed(connection, token) for token in self.tokens)
         except (OSError, http.client.HTTPException) as error:
             raise SetupError(f"counting completed elicitations failed: {error}") from None
         finally:
             connection.close()
+
+    def _completed(self, connection: http.client.HTTPSConnection, token: str) -> int:
+        """How many of the pool's elicitations of one client are completed."""
+        completed = 0
+        cursor: str | None = None
+        while True:
+            query = urlencode({"status": "completed", "limit": 100,
+                               **({"cursor": cursor} if cursor else {})})
+            status, _headers, body = _exchange(connection, Request(
+                "GET", f"{ELICITATIONS}?{query}", headers={"Authorization": f"Bearer {token}"}))
+            if status != 200:
+                raise SetupError(f"listing completed elicitations answered {status}")
+            page = json.loads(body)
+            completed += sum(1 for item in page["items"] if item["id"] in self.pool)
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return completed
+
+
+def _submit_client(number: int) -> str:
+    """The name of a submit client; all as long as the one the bare app's page names."""
+    return f"bench-submit-{number:02d}"
 
 
 # The gateway's "Done" page, as it answers a submit (its layout, heading,
@@ -672,7 +694,7 @@ _DONE_PAGE = """<!doctype html>
   <main id="main">
 <h1>Done</h1>
 <div class="notice ok"><p>This request is complete. Nothing more is needed here.</p></div>
-<p>You can go back to bench-submit now.</p>
+<p>You can go back to bench-submit-00 now.</p>
   </main>
   <footer class="site">
     <p>Never enter a key or card here unless you came from an app you trust,
