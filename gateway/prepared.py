@@ -73,6 +73,35 @@ class _Prepared:
                 plan = self._plans.setdefault(key, _compile(self._statement, dialect))
         return plan
 
+    def _execute(self, connection: Connection, parameters: Mapping[str, Any], *,
+                 limit: int | None, listened: bool) -> tuple[list[Any], int]:
+        """Run the statement on the driver's cursor: its rows (up to ``limit``), its rowcount.
+
+        ``listened``: run the engine's ``before_cursor_execute`` and
+        ``after_cursor_execute`` listeners around it, as SQLAlchemy does.
+        """
+        dialect = connection.dialect
+        key = _key(dialect)
+        plan = self._plan(key, dialect)
+        values = _bound(plan, parameters)
+        cursor = _cursor(connection)
+        dispatch = connection.dispatch
+        try:
+            if listened:
+                dispatch.before_cursor_execute(connection, cursor, plan.sql, values, None, False)
+            cursor.execute(plan.sql, values)
+            raw = [] if not plan.columns else (
+                cursor.fetchall() if limit is None else cursor.fetchmany(limit))
+            description = cursor.description
+            rowcount = cursor.rowcount
+            if listened:
+                dispatch.after_cursor_execute(connection, cursor, plan.sql, values, None, False)
+        except dialect.loaded_dbapi.Error as error:
+            raise _reported(connection, plan, error, cursor) from error
+        finally:
+            cursor.close()
+        return self._rows(key, dialect, plan, raw, description), rowcount
+
     def _rows(self, key: _DialectKey, dialect: Dialect, plan: _Plan, raw: list[Any],
               description: Sequence[Sequence[Any]] | None) -> list[Any]:
         if not raw or description is None:
@@ -99,20 +128,7 @@ class PreparedSelect(_Prepared):
 
     def first(self, connection: Connection, parameters: Mapping[str, Any]) -> Any:
         """The first row (attributes named as the columns, and ``_asdict``), or None."""
-        dialect = connection.dialect
-        key = _key(dialect)
-        plan = self._plan(key, dialect)
-        values = _bound(plan, parameters)
-        cursor = _cursor(connection)
-        try:
-            cursor.execute(plan.sql, values)
-            raw = cursor.fetchone()
-            description = cursor.description
-        except dialect.loaded_dbapi.Error as error:
-            raise _reported(connection, plan, error, cursor) from error
-        finally:
-            cursor.close()
-        rows = self._rows(key, dialect, plan, [] if raw is None else [raw], description)
+        rows, _ = self._execute(connection, parameters, limit=1, listened=False)
         return rows[0] if rows else None
 
     def one(self, connection: Connection, parameters: Mapping[str, Any]) -> Any:
@@ -145,27 +161,10 @@ class PreparedWrite(_Prepared):
 
     def run(self, connection: Connection, parameters: Mapping[str, Any]) -> Written:
         """Run the write in ``connection``'s transaction (or on its own, in autocommit)."""
-        dialect = connection.dialect
-        key = _key(dialect)
-        plan = self._plan(key, dialect)
-        values = _bound(plan, parameters)
-        cursor = _cursor(connection)
-        dispatch = connection.dispatch
-        try:
-            # The listeners SQLAlchemy runs around every statement: here,
-            # SQLite's writer queue takes its turn before the write and, on
-            # an autocommit connection, gives it back after.
-            dispatch.before_cursor_execute(connection, cursor, plan.sql, values, None, False)
-            cursor.execute(plan.sql, values)
-            raw = cursor.fetchall() if plan.columns else []
-            description = cursor.description
-            rowcount = cursor.rowcount
-            dispatch.after_cursor_execute(connection, cursor, plan.sql, values, None, False)
-        except dialect.loaded_dbapi.Error as error:
-            raise _reported(connection, plan, error, cursor) from error
-        finally:
-            cursor.close()
-        return Written(rowcount, self._rows(key, dialect, plan, raw, description))
+        # With the engine's listeners: SQLite's writer queue takes its turn
+        # before the write and, on an autocommit connection, gives it back after.
+        rows, rowcount = self._execute(connection, parameters, limit=None, listened=True)
+        return Written(rowcount, rows)
 
 
 def insert_into(table: Table, columns: Sequence[str] | None = None, *,
