@@ -167,17 +167,13 @@ class PreparedWrite(_Prepared):
         return Written(rowcount, rows)
 
 
-def insert_into(table: Table, columns: Sequence[str] | None = None, *,
-                returning: Sequence[str] = ()) -> Insert:
+def insert_into(table: Table, columns: Sequence[str] | None = None) -> Insert:
     """An INSERT of ``columns`` (default: all but a generated key), each bound by its name."""
     generated = table.autoincrement_column
     chosen = [table.c[name] for name in columns] if columns is not None else [
         column for column in table.columns if column is not generated]
-    statement = insert(table).values({
+    return insert(table).values({
         column.key: bindparam(column.key, type_=column.type) for column in chosen})
-    if returning:
-        statement = statement.returning(*(table.c[name] for name in returning))
-    return statement
 
 
 def _cursor(connection: Connection) -> Any:

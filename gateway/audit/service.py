@@ -58,7 +58,9 @@ def record(
 
 _PENDING: Final = "gateway.audit_pending"
 _TABLE: Final = AuditEvent.metadata.tables[AuditEvent.__tablename__]
-_COLUMNS: Final = ("occurred_at", "actor", "action", "target", "source_ip", "outcome", "details")
+# Every column but the generated id: an event missing one is refused by name.
+_COLUMNS: Final = tuple(column.key for column in _TABLE.columns
+                        if column is not _TABLE.autoincrement_column)
 
 
 @event.listens_for(Session, "before_commit")

@@ -180,7 +180,7 @@ def test_a_value_written_into_the_statement_needs_no_parameter(connection: Conne
 
 
 def test_returning_converts_values_by_their_column_type(connection: Connection) -> None:
-    prepared = PreparedWrite(insert_into(things, returning=("seen_at", "doc")))
+    prepared = PreparedWrite(insert_into(things).returning(things.c.seen_at, things.c.doc))
     row = prepared.run(connection, NEW).rows[0]
     assert row.seen_at == NEW["seen_at"]
     assert row.doc == NEW["doc"]
