@@ -19,7 +19,7 @@ from gateway.audit import service as audit
 from gateway.clients import service as clients
 from gateway.credentials import service as credentials
 from gateway.credentials import verification
-from gateway.credentials.catalog import current_catalog
+from gateway.credentials.catalog import CredentialType, current_catalog
 from gateway.elicitations import lifecycle, service
 from gateway.elicitations.lifecycle import TERMINAL, Status
 from gateway.elicitations.models import Elicitation
@@ -82,45 +82,87 @@ def answer(elicitation_id: str) -> Page:
     if subject is None:
         return login_redirect(request.path)
     action = request.form.get("action")
-    if action not in ("submit", "decline"):
+    if action == "submit":
+        return _submit(elicitation_id, subject, request.form.get("secret", ""))
+    if action != "decline":
         raise GatewayError("This form sent an action the page does not have. Reload the page.")
     with db.transaction() as session:
-        if action == "decline":
-            elicitation = _open(session, elicitation_id, subject)
-            if elicitation.status not in TERMINAL:
-                lifecycle.transition(session, current_clock(), elicitation, Status.DECLINED,
-                                     actor=actor_of(subject), source_ip=request.remote_addr)
-        else:
-            # Opened with the capture below (or with the error page), in the
-            # same transaction: a key is checked before anything is written.
-            elicitation = _checked(session, elicitation_id, subject)
+        elicitation = _open(session, elicitation_id, subject)
+        if elicitation.status not in TERMINAL:
+            lifecycle.transition(session, current_clock(), elicitation, Status.DECLINED,
+                                 actor=actor_of(subject), source_ip=request.remote_addr)
+    return _ended(elicitation)
+
+
+def _submit(elicitation_id: str, subject: Subject, secret: str) -> Page:
+    """Check the key, then seal it, store it and complete the elicitation at once."""
+    error: GatewayError | None = None
+    with db.transaction() as session:
+        elicitation = _checked(session, elicitation_id, subject)
+        credential_type = _asked_type(elicitation)
+        asks_service = credential_type is not None and credential_type.check is not None
+        if credential_type is not None and not asks_service:
+            # Nothing to ask an outside service: checked, sealed and stored
+            # in this one transaction (sealed before its first write).
+            error = _capture(session, elicitation, credential_type, secret, subject)
+    if credential_type is not None and asks_service:
+        # Asked outside any transaction: the service may take seconds to answer.
+        error = _verified(credential_type, secret)
+        if error is None:
+            with db.transaction() as session:
+                # Checked again: the elicitation may have ended meanwhile.
+                elicitation = _checked(session, elicitation_id, subject)
+                error = _capture(session, elicitation, credential_type, secret, subject)
+    if error is not None:
+        if elicitation.status not in TERMINAL:
+            with db.transaction() as session:
+                elicitation = _open(session, elicitation_id, subject)
+        return _render(session, elicitation, subject, error=error.detail), error.status
+    return _ended(elicitation)
+
+
+def _asked_type(elicitation: Elicitation) -> CredentialType | None:
+    """The type of key the elicitation asks for; None once it has ended."""
     if elicitation.status in TERMINAL:
-        return _ended(elicitation)
+        return None
     if elicitation.kind != "api_key":
         raise GatewayError("This request is not for a key. Reload the page.")
     credential_type = current_catalog().get(elicitation.credential_type or "")
     if credential_type is None:
         raise GatewayError("This kind of key is no longer accepted here. Go back to the app.")
-    secret = request.form.get("secret", "")
+    return credential_type
+
+
+def _verified(credential_type: CredentialType, secret: str) -> GatewayError | None:
+    """What is wrong with the key: its shape first, then by the type's live check."""
     try:
         credentials.check_shape(credential_type, secret)
         if credential_type.check is not None:
-            # Outside any transaction: the service may take seconds to answer.
             verification.require_valid(_outbound(), credential_type.check,
                                        credential_type.label, secret)
     except GatewayError as error:
-        with db.transaction() as session:
-            elicitation = _open(session, elicitation_id, subject)
-        return _render(session, elicitation, subject, error=error.detail), error.status
-    credential = credentials.seal_for(current_keyring(), elicitation, credential_type, secret,
-                                      current_clock().now())
-    with db.transaction() as session:
-        # Checked again: the elicitation may have ended while the service answered.
-        elicitation = _open(session, elicitation_id, subject)
-        if elicitation.status not in TERMINAL:
-            credentials.capture(session, current_clock(), elicitation, credential,
-                                actor=actor_of(subject), source_ip=request.remote_addr)
-    return _ended(elicitation)
+        return error
+    return None
+
+
+def _capture(session: Session, elicitation: Elicitation, credential_type: CredentialType,
+             secret: str, subject: Subject) -> GatewayError | None:
+    """Seal and store the key in the caller's transaction; what is wrong with it, if anything.
+
+    An ended elicitation stores nothing and is not an error: the page says it
+    has ended.
+    """
+    if elicitation.status in TERMINAL:
+        return None
+    try:
+        credential = credentials.seal_for(current_keyring(), elicitation, credential_type,
+                                          secret, current_clock().now())
+    except GatewayError as error:
+        return error
+    _open(session, elicitation.id, subject)
+    credentials.capture(session, current_clock(), elicitation, credential,
+                        actor=actor_of(subject), source_ip=request.remote_addr)
+    return None
 
 
 def _open(session: Session, elicitation_id: str, subject: Subject) -> Elicitation:
