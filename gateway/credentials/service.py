@@ -103,9 +103,9 @@ def seal_for(keyring: Keyring, elicitation: Elicitation, credential_type: Creden
              secret: str, now: datetime) -> Credential:
     """The key checked and sealed for the elicitation's client and user; not stored yet.
 
-    Done before :func:`capture`'s transaction, so that the encryption is not
-    part of it: on SQLite a transaction that wrote holds the database's one
-    write lock until it ends.
+    Done before the first write of :func:`capture`'s transaction, so that the
+    encryption is not part of what it holds: on SQLite a transaction that
+    wrote holds the database's one write lock until it ends.
     """
     check_shape(credential_type, secret)
     credential = Credential(
