@@ -159,7 +159,7 @@ def _capture(session: Session, elicitation: Elicitation, credential_type: Creden
                                           secret, current_clock().now())
     except GatewayError as error:
         return error
-    _open(session, elicitation.id, subject)
+    _mark_opened(session, elicitation, subject)
     credentials.capture(session, current_clock(), elicitation, credential,
                         actor=actor_of(subject), source_ip=request.remote_addr)
     return None
@@ -168,10 +168,15 @@ def _capture(session: Session, elicitation: Elicitation, credential_type: Creden
 def _open(session: Session, elicitation_id: str, subject: Subject) -> Elicitation:
     """The subject-checked elicitation, moved to ``opened`` if it was still pending."""
     elicitation = _checked(session, elicitation_id, subject)
+    _mark_opened(session, elicitation, subject)
+    return elicitation
+
+
+def _mark_opened(session: Session, elicitation: Elicitation, subject: Subject) -> None:
+    """Move a checked elicitation that is still pending to ``opened``."""
     if elicitation.status == Status.PENDING:
         lifecycle.transition(session, current_clock(), elicitation, Status.OPENED,
                              actor=actor_of(subject), source_ip=request.remote_addr)
-    return elicitation
 
 
 def _outbound() -> OutboundPolicy:
