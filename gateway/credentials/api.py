@@ -14,7 +14,7 @@ from gateway.credentials.catalog import current_catalog
 from gateway.elicitations.schemas import Issuer, SubjectId
 from gateway.errors import InvalidInput
 from gateway.vault.keyring import current_keyring
-from gateway.web.api import autocommit, current_client, query_text
+from gateway.web.api import autocommit, current_client, looked_up, looks_up, query_text
 from gateway.web.context import current_clock
 
 blueprint = Blueprint("credentials", __name__, url_prefix="/credentials")
@@ -60,10 +60,11 @@ def list_credentials() -> Response:
 
 @blueprint.post("/<id:credential_id>/reveal")
 @autocommit
+@looks_up(service.OWN_SEALED, credential_id="credential_id")
 def reveal(credential_id: str) -> Response:
     """The plaintext key, for the MCP server that asked for it; audited, never cached."""
     credential, secret = service.reveal_for_client(
-        db.autocommit(), current_clock(), current_keyring(), current_client().id, credential_id,
+        db.autocommit(), current_clock(), current_keyring(), looked_up(), credential_id,
         actor=_actor(), source_ip=request.remote_addr)
     return jsonify(id=credential.id, type=credential.type, secret=secret)
 

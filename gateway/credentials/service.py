@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from gateway import db
 from gateway.audit import service as audit
 from gateway.clients.models import Client
+from gateway.clients.service import OwnedLookup
 from gateway.clock import Clock
 from gateway.credentials.catalog import CredentialType
 from gateway.credentials.models import Credential
@@ -27,7 +28,7 @@ from gateway.elicitations.lifecycle import Status
 from gateway.elicitations.models import Elicitation
 from gateway.errors import Conflict, GatewayError, NotFound
 from gateway.pagination import decode_cursor, encode_cursor, timestamp
-from gateway.prepared import PreparedSelect, PreparedWrite, insert_into
+from gateway.prepared import PreparedWrite, insert_into
 from gateway.tokens import new_id
 from gateway.vault.envelope import Envelope, VaultError, bind, reveal_plaintext, seal
 from gateway.vault.keyring import Keyring
@@ -224,19 +225,18 @@ def list_for_client(session: Session, client_id: str, *, subject_iss: str | None
     return page, encode_cursor(page[-1].created_at, page[-1].id) if more else None
 
 
-def reveal_for_client(connection: Connection, clock: Clock, keyring: Keyring, client_id: str,
+def reveal_for_client(connection: Connection, clock: Clock, keyring: Keyring, row: Any | None,
                       credential_id: str, *, actor: str,
                       source_ip: str | None) -> tuple[SealedCredential, str]:
     """The client's credential and its plaintext, for the owning MCP server; audited.
 
-    ``connection`` is an autocommit one (:func:`gateway.db.autocommit`): the
-    reveal changes one row, its audit event, which is committed before the
-    plaintext is returned. A reveal that cannot be recorded hands out nothing.
+    ``row`` is what :data:`OWN_SEALED` found for the client's token: None
+    for an unknown credential or another client's. ``connection`` is an
+    autocommit one (:func:`gateway.db.autocommit`): the reveal changes one
+    row, its audit event, which is committed before the plaintext is
+    returned. A reveal that cannot be recorded hands out nothing.
     """
-    # One prebuilt read of the columns the vault needs: this runs on every
-    # reveal, and loads no ORM object.
-    row = _SEALED.first(connection, {"credential_id": credential_id})
-    if row is None or row.client_id != client_id:
+    if row is None:
         raise NotFound(f"no credential {credential_id!r}")
     credential = SealedCredential(
         row.id, row.client_id, row.subject_iss, row.subject_sub, row.type, row.revoked_at,
@@ -260,7 +260,10 @@ def reveal_for_client(connection: Connection, clock: Clock, keyring: Keyring, cl
     return credential, secret
 
 
-_SEALED: Final = PreparedSelect(select(
+# The columns the vault needs, read with the API's token check in one
+# statement (see gateway.web.api.looks_up): this runs on every reveal, and
+# loads no ORM object.
+OWN_SEALED: Final = OwnedLookup(select(
     _CREDENTIALS.c.id, _CREDENTIALS.c.client_id, _CREDENTIALS.c.subject_iss,
     _CREDENTIALS.c.subject_sub, _CREDENTIALS.c.type, _CREDENTIALS.c.revoked_at,
     _CREDENTIALS.c.key_version, _CREDENTIALS.c.wrapped_key, _CREDENTIALS.c.nonce,

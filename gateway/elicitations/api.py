@@ -19,7 +19,7 @@ from gateway.elicitations.models import Elicitation, ElicitationSnapshot
 from gateway.elicitations.schemas import Issuer, SubjectId, create_adapter
 from gateway.elicitations.waiting import WaitHub
 from gateway.errors import InvalidInput
-from gateway.web.api import current_client, json_body, query_text
+from gateway.web.api import current_client, json_body, looked_up, looks_up, query_text
 from gateway.web.context import current_clock, current_settings
 
 blueprint = Blueprint("elicitations", __name__, url_prefix="/elicitations")
@@ -75,26 +75,27 @@ def create() -> tuple[Response, int]:
 
 
 @blueprint.get("/<id:elicitation_id>")
+@looks_up(service.OWN_ELICITATION, id="elicitation_id")
 def read(elicitation_id: str) -> tuple[Response, int]:
     """One elicitation; with ``?wait=N``, held until it ends or N seconds pass."""
     wait = _wait_seconds()
     client = current_client()
-    elicitation = _current_state(client, elicitation_id)
+    elicitation = _current_state(client, service.snapshot_of(looked_up(), elicitation_id))
     if wait and elicitation.status not in TERMINAL:
         _hold(elicitation, wait)
-        elicitation = _current_state(client, elicitation_id)
+        snapshot = service.peek(db.autocommit(), client, elicitation_id)
+        elicitation = _current_state(client, snapshot)
     return _answer(elicitation)
 
 
-def _current_state(client: ClientIdentity, elicitation_id: str) -> AnyElicitation:
+def _current_state(client: ClientIdentity, snapshot: ElicitationSnapshot) -> AnyElicitation:
     # Most reads find the elicitation as stored, and change nothing. Only an
     # overdue one is loaded to be marked expired, in a transaction of its
     # own with its audit row.
-    snapshot = service.peek(db.autocommit(), client, elicitation_id)
     if not lifecycle.is_overdue(snapshot, current_clock().now()):
         return snapshot
     with db.transaction() as session:
-        return service.get(session, current_clock(), client, elicitation_id)
+        return service.get(session, current_clock(), client, snapshot.id)
 
 
 def _hold(elicitation: AnyElicitation, wait: float) -> None:

@@ -15,7 +15,7 @@ from sqlalchemy import Connection
 
 from gateway import db
 from gateway.clients.models import ClientIdentity
-from gateway.clients.service import authenticate
+from gateway.clients.service import OwnedLookup, authenticate
 from gateway.errors import GatewayError, InvalidInput
 from gateway.settings import Settings
 from gateway.web import ratelimit
@@ -24,6 +24,7 @@ PREFIX: Final = "/api/v1"
 View = TypeVar("View", bound=Callable[..., object])
 _PUBLIC_ATTRIBUTE: Final = "_public_api"
 _AUTOCOMMIT_ATTRIBUTE: Final = "_autocommit_api"
+_LOOKUP_ATTRIBUTE: Final = "_api_lookup"
 # Query parameters that, by convention, carry tokens (RFC 6750 section 2.3).
 _TOKEN_PARAMETERS: Final = frozenset({"access_token", "token", "api_token", "api_key"})
 T = TypeVar("T")
@@ -73,6 +74,26 @@ def autocommit(view: View) -> View:
     return view
 
 
+def looks_up(lookup: OwnedLookup, **parameters: str) -> Callable[[View], View]:
+    """Read the view's row in the token check's own statement (see :class:`OwnedLookup`).
+
+    ``parameters`` name, for each of the look-up's parameters, the route's
+    variable that gives its value: ``@looks_up(OWN_ROW, id="row_id")``. The
+    view gets the row from :func:`looked_up`.
+    """
+
+    def mark(view: View) -> View:
+        setattr(view, _LOOKUP_ATTRIBUTE, (lookup, parameters))
+        return view
+
+    return mark
+
+
+def looked_up() -> Any | None:
+    """The row the view's :func:`looks_up` found: None if there is none, or another client's."""
+    return g.looked_up
+
+
 def init_app(app: Flask, settings: Settings, children: Iterable[Blueprint]) -> None:
     """Mount the feature blueprints under /api/v1 behind authentication and limits."""
     parent = Blueprint("api", __name__, url_prefix=PREFIX)
@@ -103,7 +124,15 @@ def _authenticate() -> None:
     view = current_app.view_functions.get(request.endpoint or "")
     if getattr(view, _PUBLIC_ATTRIBUTE, False):
         return
-    g.client = authenticate(_connection_for(view), ratelimit.token_digest())
+    connection = _connection_for(view)
+    lookup = getattr(view, _LOOKUP_ATTRIBUTE, None)
+    if lookup is None:
+        g.client = authenticate(connection, ratelimit.token_digest())
+        return
+    statement, parameters = lookup
+    arguments = request.view_args or {}
+    g.client, g.looked_up = statement.run(connection, ratelimit.token_digest(), {
+        name: arguments[variable] for name, variable in parameters.items()})
 
 
 # Methods whose routes only read.

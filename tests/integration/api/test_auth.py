@@ -112,3 +112,36 @@ def test_the_api_is_not_served_over_plain_http(app: Flask, registered: Registere
     response = plain.get("/api/v1/elicitations",
                          headers={"Authorization": f"Bearer {registered.api_token}"})
     assert_problem(response, 403, "rotate")
+
+
+def test_a_read_checks_the_token_in_its_own_statement_with_the_same_answers(
+    client: FlaskClient, app: Flask, registered: Registered,
+) -> None:
+    # A read looks its row up in the statement that checks the token; the row
+    # being there must change nothing about who is refused, or how.
+    api = Api(client, registered.api_token)
+    created = api.post("/api/v1/elicitations", body()).get_json()
+    path = f"/api/v1/elicitations/{created['id']}"
+    assert api.get(path).get_json()["id"] == created["id"]
+    no_token = client.get(path)
+    assert_problem(no_token, 401, "Authorization: Bearer")
+    assert no_token.headers["WWW-Authenticate"] == 'Bearer realm="gateway"'
+    assert_problem(Api(client, "gw_" + "A" * 43).get(path), 401, "unknown or revoked")
+    with app.app_context(), db.transaction() as session:
+        [token] = session.get(Client, registered.id).tokens  # type: ignore[union-attr]
+        clients.revoke_token(session, SystemClock(), client_ref=registered.id,
+                             token_id=token.id, actor="test")
+    revoked = api.get(path)
+    assert_problem(revoked, 401, "unknown or revoked")
+    assert 'error="invalid_token"' in revoked.headers["WWW-Authenticate"]
+    assert created["id"] not in revoked.get_data(as_text=True)
+
+
+def test_a_read_by_a_disabled_client_is_refused_though_the_row_is_its_own(
+    client: FlaskClient, app: Flask, registered: Registered,
+) -> None:
+    api = Api(client, registered.api_token)
+    created = api.post("/api/v1/elicitations", body()).get_json()
+    with app.app_context(), db.transaction() as session:
+        clients.disable_client(session, SystemClock(), client_ref=registered.id, actor="test")
+    assert_problem(api.get(f"/api/v1/elicitations/{created['id']}"), 401, "disabled")

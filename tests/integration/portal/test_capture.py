@@ -16,7 +16,9 @@ from sqlalchemy import select
 
 from gateway import db
 from gateway.audit.models import AuditEvent
-from gateway.clock import FixedClock
+from gateway.clients import service as clients
+from gateway.clients.models import Client
+from gateway.clock import FixedClock, SystemClock
 from gateway.credentials import service as credentials
 from gateway.credentials.catalog import current_catalog
 from gateway.credentials.models import Credential
@@ -249,4 +251,25 @@ def test_a_key_sealed_under_another_keyring_is_refused_plainly(
     problem = refused.get_json()
     assert problem["type"].endswith("credential-unreadable")
     assert "keyring" in problem["detail"]
+    assert KEY not in refused.get_data(as_text=True)
+
+
+def test_a_reveal_needs_a_live_token_of_an_active_client(
+    app: Flask, client: FlaskClient, api: Api, alices: Browser,
+    link_for: Callable[..., dict[str, Any]],
+) -> None:
+    # The reveal reads the sealed key in the statement that checks the token:
+    # no token, a wrong one or a disabled client gets 401 and no key.
+    submit(alices, link_for("alice"))
+    [credential] = api.get("/api/v1/credentials").get_json()["items"]
+    path = f"/api/v1/credentials/{credential['id']}/reveal"
+    for refused in (client.post(path), Api(client, "gw_" + "B" * 43).post(path)):
+        assert refused.status_code == 401
+        assert KEY not in refused.get_data(as_text=True)
+    with app.app_context(), db.transaction() as session:
+        [owner] = session.scalars(select(Client.id)).all()
+        clients.disable_client(session, SystemClock(), client_ref=owner, actor="test")
+    refused = api.post(path)
+    assert refused.status_code == 401
+    assert "disabled" in refused.get_json()["detail"]
     assert KEY not in refused.get_data(as_text=True)
