@@ -8,6 +8,7 @@ from typing import Any, Final, Literal
 from sqlalchemy import Connection, bindparam, event, insert
 from sqlalchemy.orm import Session, SessionTransaction
 
+from gateway.audit.grouped import MAX_BATCH, group_for, is_autocommit
 from gateway.audit.models import AuditEvent
 from gateway.clock import Clock
 from gateway.db import WRITES_AT_COMMIT
@@ -35,9 +36,10 @@ def record(
     on SQLite every statement of a transaction that wrote is one more wait
     for the others' writers. On an autocommit connection
     (:func:`gateway.db.autocommit`) the event is a change of its own,
-    committed when this returns. Callers pass identifiers and outcomes,
-    never a secret: the trail is read by people who must not learn keys
-    from it.
+    committed when this returns, maybe in one statement with the events
+    other requests commit at the same moment (:mod:`gateway.audit.grouped`).
+    Callers pass identifiers and outcomes, never a secret: the trail is
+    read by people who must not learn keys from it.
     """
     row = {
         "occurred_at": clock.now(),
@@ -49,7 +51,7 @@ def record(
         "details": details or {},
     }
     if isinstance(session, Connection):
-        _write(session, [row])
+        _commit_now(session, row)
     elif session.info.get(WRITES_AT_COMMIT):
         session.info.setdefault(_PENDING, []).append(row)
     else:
@@ -77,15 +79,22 @@ def _forget(session: Session, transaction: SessionTransaction) -> None:
         session.info.pop(_PENDING, None)
 
 
+def _commit_now(connection: Connection, row: dict[str, Any]) -> None:
+    if is_autocommit(connection):
+        group_for(connection.engine, _write).commit(connection, row)
+    else:  # a connection in a transaction: the event commits with it
+        _write(connection, [row])
+
+
 def _write(connection: Connection, rows: list[dict[str, Any]]) -> None:
     _inserting(len(rows)).run(connection, {
         f"{name}_{number}": value
         for number, row in enumerate(rows) for name, value in row.items()})
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=MAX_BATCH)
 def _inserting(count: int) -> PreparedWrite:
-    """One INSERT of ``count`` events (a transaction records one to a few)."""
+    """One INSERT of ``count`` events (a transaction records one to a few, a group more)."""
     return PreparedWrite(insert(_TABLE).values([
         {name: bindparam(f"{name}_{number}", type_=_TABLE.c[name].type) for name in _COLUMNS}
         for number in range(count)]))

@@ -25,7 +25,7 @@ from gateway.credentials.models import Credential
 from gateway.elicitations.models import Elicitation
 from gateway.vault import keyring
 from gateway.vault.keyring import current_keyring
-from tests.conftest import Api, Registered
+from tests.conftest import Api, Registered, client_for
 from tests.integration.portal.conftest import Browser, csrf_of
 
 KEY = "wx-live-7f3a9c2e5b1d4a6f8e0c"
@@ -273,3 +273,25 @@ def test_a_reveal_needs_a_live_token_of_an_active_client(
     assert refused.status_code == 401
     assert "disabled" in refused.get_json()["detail"]
     assert KEY not in refused.get_data(as_text=True)
+
+
+def test_concurrent_reveals_each_commit_their_own_audit_event(
+    app: Flask, api: Api, alices: Browser, link_for: Callable[..., dict[str, Any]],
+) -> None:
+    # Reveals arriving together share commits (gateway.audit.grouped); each
+    # must still answer only once its own event is stored.
+    submit(alices, link_for("alice"))
+    [credential] = api.get("/api/v1/credentials").get_json()["items"]
+    path = f"/api/v1/credentials/{credential['id']}/reveal"
+
+    def reveal(_: int) -> tuple[int, Any]:
+        response = Api(client_for(app), api.token).post(path)
+        return response.status_code, response.get_json()
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(reveal, range(40)))
+    assert answers == [(200, {"id": credential["id"], "type": "generic", "secret": KEY})] * 40
+    with app.app_context():
+        revealed = db.session().scalars(select(AuditEvent.target).where(
+            AuditEvent.action == "credential.revealed")).all()
+    assert revealed == [credential["id"]] * 40
