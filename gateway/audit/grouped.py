@@ -10,6 +10,10 @@ then does the same for the next batch. Every caller returns only once its
 own event is committed. When a batch fails, each of its callers writes its
 event alone on its own connection, so that one bad event, or one dead
 connection, fails only its own request.
+
+A caller waits for another thread's write: it must not itself hold a write
+in progress (an open transaction that wrote), or on SQLite that write's lock
+would keep the batch it waits for from being written.
 """
 
 from __future__ import annotations
