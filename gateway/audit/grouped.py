@@ -73,17 +73,19 @@ class GroupCommit:
         with self._lock:
             batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
         mine, others = batch[0], batch[1:]
-        failed = False
+        written = False
         try:
             self._write(connection, [waiting.row for waiting in batch])
+            written = True
         except Exception:
             if not others:
                 raise
-            failed = True
         finally:
-            self._settle(others, "alone" if failed else "committed")
+            # Told "committed" only after the commit; on any failure each
+            # writes its own event, and the queue goes on.
+            self._settle(others, "committed" if written else "alone")
             self._hand_over()
-        if failed:
+        if not written:
             self._write(connection, [mine.row])
 
     @staticmethod
