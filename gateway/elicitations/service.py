@@ -252,10 +252,11 @@ _PEEK_ANY: Final = select(*(
     _COLUMNS.metadata.label(name) if name == "metadata_" else _COLUMNS[name]
     for name in _SNAPSHOT_FIELDS
 ))
-_PEEK: Final = PreparedSelect(_PEEK_ANY.where(_COLUMNS.id == bindparam("id")))
+_BY_ID: Final = _PEEK_ANY.where(_COLUMNS.id == bindparam("id"))
+_PEEK: Final = PreparedSelect(_BY_ID)
 # The same read, joined to the API's token check: a read of the API costs one
 # statement (see gateway.web.api.looks_up).
-OWN_ELICITATION: Final = OwnedLookup(_PEEK_ANY.where(_COLUMNS.id == bindparam("id")))
+OWN_ELICITATION: Final = OwnedLookup(_BY_ID)
 _INSERT: Final = PreparedWrite(insert_into(_TABLE))
 # Still-open elicitations of one client, subject and kind, for the reuse rule.
 _REUSABLE: Final = _PEEK_ANY.where(
