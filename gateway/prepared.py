@@ -92,7 +92,11 @@ class _Prepared:
             cursor.execute(plan.sql, values)
             raw = [] if not plan.columns else (
                 cursor.fetchall() if limit is None else cursor.fetchmany(limit))
-            description = cursor.description
+            processors = self._results.get(key)
+            if processors is None and raw:
+                # Read once per dialect: psycopg builds the description
+                # afresh on each access, a column object per column.
+                processors = self._learn(key, dialect, plan, cursor.description)
             rowcount = cursor.rowcount
             if listened:
                 dispatch.after_cursor_execute(connection, cursor, plan.sql, values, None, False)
@@ -100,16 +104,11 @@ class _Prepared:
             raise _reported(connection, plan, error, cursor) from error
         finally:
             cursor.close()
-        return self._rows(key, dialect, plan, raw, description), rowcount
-
-    def _rows(self, key: _DialectKey, dialect: Dialect, plan: _Plan, raw: list[Any],
-              description: Sequence[Sequence[Any]] | None) -> list[Any]:
-        if not raw or description is None:
-            return []
-        processors = self._results.get(key) or self._learn(key, dialect, plan, description)
+        if not raw or processors is None:
+            return [], rowcount
         return [plan.row(*(value if process is None or value is None else process(value)
                            for process, value in zip(processors, values, strict=True)))
-                for values in raw]
+                for values in raw], rowcount
 
     def _learn(self, key: _DialectKey, dialect: Dialect, plan: _Plan,
                description: Sequence[Sequence[Any]]) -> tuple[Processor, ...]:
