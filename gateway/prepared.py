@@ -104,11 +104,7 @@ class _Prepared:
             raise _reported(connection, plan, error, cursor) from error
         finally:
             cursor.close()
-        if not raw or processors is None:
-            return [], rowcount
-        return [plan.row(*(value if process is None or value is None else process(value)
-                           for process, value in zip(processors, values, strict=True)))
-                for values in raw], rowcount
+        return _rows(plan, raw, processors), rowcount
 
     def _learn(self, key: _DialectKey, dialect: Dialect, plan: _Plan,
                description: Sequence[Sequence[Any]]) -> tuple[Processor, ...]:
@@ -164,6 +160,15 @@ class PreparedWrite(_Prepared):
         # before the write and, on an autocommit connection, gives it back after.
         rows, rowcount = self._execute(connection, parameters, limit=None, listened=True)
         return Written(rowcount, rows)
+
+
+def _rows(plan: _Plan, raw: list[Any], processors: tuple[Processor, ...] | None) -> list[Any]:
+    """The fetched rows as named tuples, each value converted as SQLAlchemy converts it."""
+    if not raw or processors is None:
+        return []
+    return [plan.row(*(value if process is None or value is None else process(value)
+                       for process, value in zip(processors, values, strict=True)))
+            for values in raw]
 
 
 def insert_into(table: Table, columns: Sequence[str] | None = None) -> Insert:
