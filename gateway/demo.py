@@ -128,7 +128,7 @@ def _ask_demo_user(session: Session, settings: Settings, client: ClientIdentity)
         "message": "The demo weather tool needs your weather-service API key. Any "
                    "key will do here; it is encrypted and never shown to the assistant."})
     outcome = elicitations.create(
-        session, SystemClock(), elicitations.Caller(client, None),
+        session.connection(), SystemClock(), elicitations.Caller(client, None),
         request, catalog=load_catalog(catalog_path(settings)), payments_enabled=False,
         public_url=settings.public_url, idempotency_key=None, request_digest="")
     url: str = outcome.body["url"]

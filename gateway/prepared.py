@@ -17,6 +17,8 @@ through ``Connection.execute``.
   On a SQLite write transaction the queue's lock is held from the first write
   to the commit, so the less Python runs in between, the sooner the next
   writer goes: this is the other reason writes are prepared.
+- :class:`PreparedInserts` adds one row to each of several tables in one
+  statement: a change that commits on its own, without a transaction.
 
 A driver's error is reported as SQLAlchemy reports it, and a connection that
 died is invalidated so that the pool replaces it.
@@ -28,9 +30,23 @@ import threading
 from collections import namedtuple
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-from sqlalchemy import Connection, Delete, Insert, Select, Table, Update, bindparam, insert
+from sqlalchemy import (
+    Column,
+    Connection,
+    Delete,
+    Insert,
+    MetaData,
+    Select,
+    Table,
+    Update,
+    bindparam,
+    insert,
+    literal_column,
+    null,
+    select,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, NoResultFound, StatementError
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -70,8 +86,12 @@ class _Prepared:
         plan = self._plans.get(key)
         if plan is None:
             with self._lock:
-                plan = self._plans.setdefault(key, _compile(self._statement, dialect))
+                plan = self._plans.setdefault(
+                    key, _compile(self._statement_for(dialect), dialect))
         return plan
+
+    def _statement_for(self, dialect: Dialect) -> Statement:
+        return self._statement
 
     def _execute(self, connection: Connection, parameters: Mapping[str, Any], *,
                  limit: int | None, listened: bool) -> tuple[list[Any], int]:
@@ -162,6 +182,105 @@ class PreparedWrite(_Prepared):
         return Written(rowcount, rows)
 
 
+class PreparedInserts(_Prepared):
+    """One row into each of several tables in one statement: on autocommit, one change.
+
+    For a change that only adds rows (an elicitation and its audit event):
+    as one statement on an autocommit connection it commits as it runs,
+    every row or none, with no BEGIN and no COMMIT. On PostgreSQL that is
+    one round trip instead of four; on SQLite the write lock is held inside
+    that one call of the driver only, never while the thread waits for the
+    interpreter lock between a transaction's statements (see
+    :func:`gateway.db.make_engine`), which is what made concurrent creates
+    queue on it.
+
+    PostgreSQL chains the INSERTs with WITH. SQLite writes one table per
+    statement, so there the statement inserts one row into a temporary view
+    whose ``INSTEAD OF`` trigger inserts each table's row; the view and the
+    trigger are made on each connection before its first use.
+
+    Parameters are given per table: ``run(connection, {"elicitations": {...},
+    "audit_events": {...}})``, each row with every column but a generated key.
+    """
+
+    def __init__(self, name: str, *tables: Table) -> None:
+        if len(tables) < 2:
+            raise ValueError("PreparedInserts writes several tables; use PreparedWrite for one")
+        self._name = name
+        self._tables = tables
+        self._view = Table(name, MetaData(), *(
+            Column(_joined(table, column), column.type)
+            for table in tables for column in _inserted(table)))
+        super().__init__(_chained(tables))
+
+    def run(self, connection: Connection, rows: Mapping[str, Mapping[str, Any]]) -> None:
+        """Insert each table's row (``rows`` keyed by table name), all in one statement."""
+        parameters = {_joined(table, table.c[name]): value
+                      for table in self._tables for name, value in rows[table.name].items()}
+        if connection.dialect.name == "sqlite":
+            self._install(connection)
+        self._execute(connection, parameters, limit=None, listened=True)
+
+    def _statement_for(self, dialect: Dialect) -> Statement:
+        return insert_into(self._view) if dialect.name == "sqlite" else self._statement
+
+    def _install(self, connection: Connection) -> None:
+        # Temporary objects live as long as the connection: made once on each.
+        installed: set[str] = connection.connection.info.setdefault(_INSTALLED, set())
+        if self._name in installed:
+            return
+        cursor = _cursor(connection)
+        try:
+            for sql in self._sqlite_definitions(connection.dialect):
+                cursor.execute(sql)
+        finally:
+            cursor.close()
+        installed.add(self._name)
+
+    def _sqlite_definitions(self, dialect: Dialect) -> tuple[str, str]:
+        quote = dialect.identifier_preparer.quote
+        view = quote(self._name)
+        # Identifiers only, all the gateway's own: no value is written into the SQL.
+        columns = select(*(null().label(column.key) for column in self._view.columns))
+        inserts = "; ".join(
+            str(insert(table).values({
+                column.key: literal_column(f"NEW.{quote(_joined(table, column))}")
+                for column in _inserted(table)}).inline().compile(dialect=dialect))
+            for table in self._tables)
+        return (
+            f"CREATE TEMP VIEW IF NOT EXISTS {view} AS {columns.compile(dialect=dialect)}",
+            f"CREATE TEMP TRIGGER IF NOT EXISTS {quote(self._name + '_insert')} "
+            f"INSTEAD OF INSERT ON {view} BEGIN {inserts}; END",
+        )
+
+
+_INSTALLED: Final = "gateway.prepared_inserts"
+
+
+def _inserted(table: Table) -> list[Column[Any]]:
+    """The columns an INSERT gives values: all but a generated key."""
+    return [column for column in table.columns if column is not table.autoincrement_column]
+
+
+def _joined(table: Table, column: Column[Any]) -> str:
+    return f"{table.name}__{column.key}"
+
+
+def _chained(tables: Sequence[Table]) -> Insert:
+    """``WITH a AS (INSERT INTO a …), b AS (INSERT INTO b …) INSERT INTO c …`` (PostgreSQL)."""
+
+    def values(table: Table) -> Insert:
+        return insert(table).values({
+            column.key: bindparam(_joined(table, column), type_=column.type)
+            for column in _inserted(table)})
+
+    *first, last = tables
+    statement = values(last)
+    for table in first:
+        statement = statement.add_cte(values(table).cte(f"{table.name}_inserted"))
+    return statement
+
+
 def _rows(plan: _Plan, raw: list[Any], processors: tuple[Processor, ...] | None) -> list[Any]:
     """The fetched rows as named tuples, each value converted as SQLAlchemy converts it."""
     if not raw or processors is None:
@@ -173,9 +292,7 @@ def _rows(plan: _Plan, raw: list[Any], processors: tuple[Processor, ...] | None)
 
 def insert_into(table: Table, columns: Sequence[str] | None = None) -> Insert:
     """An INSERT of ``columns`` (default: all but a generated key), each bound by its name."""
-    generated = table.autoincrement_column
-    chosen = [table.c[name] for name in columns] if columns is not None else [
-        column for column in table.columns if column is not generated]
+    chosen = [table.c[name] for name in columns] if columns is not None else _inserted(table)
     return insert(table).values({
         column.key: bindparam(column.key, type_=column.type) for column in chosen})
 

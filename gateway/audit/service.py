@@ -41,15 +41,8 @@ def record(
     Callers pass identifiers and outcomes, never a secret: the trail is
     read by people who must not learn keys from it.
     """
-    row = {
-        "occurred_at": clock.now(),
-        "actor": actor,
-        "action": action,
-        "target": target,
-        "source_ip": source_ip,
-        "outcome": outcome,
-        "details": details or {},
-    }
+    row = event_row(clock, actor=actor, action=action, outcome=outcome, target=target,
+                    source_ip=source_ip, details=details)
     if isinstance(session, Connection):
         _commit_now(session, row)
     elif session.info.get(WRITES_AT_COMMIT):
@@ -58,11 +51,33 @@ def record(
         _write(session.connection(), [row])
 
 
+def event_row(
+    clock: Clock,
+    *,
+    actor: str,
+    action: str,
+    outcome: Outcome = "success",
+    target: str | None = None,
+    source_ip: str | None = None,
+    details: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An audit event as the row of :data:`TABLE`, for a statement that writes it with others."""
+    return {
+        "occurred_at": clock.now(),
+        "actor": actor,
+        "action": action,
+        "target": target,
+        "source_ip": source_ip,
+        "outcome": outcome,
+        "details": details or {},
+    }
+
+
 _PENDING: Final = "gateway.audit_pending"
-_TABLE: Final = AuditEvent.metadata.tables[AuditEvent.__tablename__]
+TABLE: Final = AuditEvent.metadata.tables[AuditEvent.__tablename__]
 # Every column but the generated id: an event missing one is refused by name.
-_COLUMNS: Final = tuple(column.key for column in _TABLE.columns
-                        if column is not _TABLE.autoincrement_column)
+_COLUMNS: Final = tuple(column.key for column in TABLE.columns
+                        if column is not TABLE.autoincrement_column)
 
 
 @event.listens_for(Session, "before_commit")
@@ -95,6 +110,6 @@ def _write(connection: Connection, rows: list[dict[str, Any]]) -> None:
 @functools.lru_cache(maxsize=MAX_BATCH)
 def _inserting(count: int) -> PreparedWrite:
     """One INSERT of ``count`` events (a transaction records one to a few, a group more)."""
-    return PreparedWrite(insert(_TABLE).values([
-        {name: bindparam(f"{name}_{number}", type_=_TABLE.c[name].type) for name in _COLUMNS}
+    return PreparedWrite(insert(TABLE).values([
+        {name: bindparam(f"{name}_{number}", type_=TABLE.c[name].type) for name in _COLUMNS}
         for number in range(count)]))

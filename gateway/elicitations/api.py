@@ -19,7 +19,14 @@ from gateway.elicitations.models import Elicitation, ElicitationSnapshot
 from gateway.elicitations.schemas import Issuer, SubjectId, create_adapter
 from gateway.elicitations.waiting import WaitHub
 from gateway.errors import InvalidInput
-from gateway.web.api import current_client, json_body, looked_up, looks_up, query_text
+from gateway.web.api import (
+    autocommit,
+    current_client,
+    json_body,
+    looked_up,
+    looks_up,
+    query_text,
+)
 from gateway.web.context import current_clock, current_settings
 
 blueprint = Blueprint("elicitations", __name__, url_prefix="/elicitations")
@@ -45,6 +52,7 @@ def _answer(elicitation: AnyElicitation, status: int = 200) -> tuple[Response, i
 
 
 @blueprint.post("")
+@autocommit
 def create() -> tuple[Response, int]:
     """Create an elicitation for one of the client's users."""
     body = json_body(create_adapter)
@@ -55,13 +63,12 @@ def create() -> tuple[Response, int]:
     settings = current_settings()
     for attempt in (1, 2):
         try:
-            with db.transaction() as session:
-                outcome = service.create(
-                    session, current_clock(), _caller(), body, catalog=current_catalog(),
-                    payments_enabled=settings.stripe_secret_key is not None,
-                    public_url=settings.public_url, idempotency_key=key,
-                    request_digest=service.request_digest(request.get_data(cache=True)),
-                )
+            outcome = service.create(
+                db.autocommit(), current_clock(), _caller(), body, catalog=current_catalog(),
+                payments_enabled=settings.stripe_secret_key is not None,
+                public_url=settings.public_url, idempotency_key=key,
+                request_digest=service.request_digest(request.get_data(cache=True)),
+            )
             break
         except IntegrityError:
             # Two requests with the same Idempotency-Key raced and the other

@@ -32,7 +32,7 @@ from gateway.elicitations.schemas import (
 )
 from gateway.errors import Conflict, GatewayError, InvalidInput, NotFound
 from gateway.pagination import decode_cursor, encode_cursor, timestamp
-from gateway.prepared import PreparedSelect, PreparedWrite, insert_into
+from gateway.prepared import PreparedInserts, PreparedSelect, PreparedWrite, insert_into
 from gateway.tokens import new_id
 
 MAX_PAGE: Final = 100
@@ -80,30 +80,52 @@ Create = CreateApiKeyElicitation | CreatePaymentElicitation
 
 
 def create(
-    session: Session, clock: Clock, caller: Caller, request: Create, *, catalog: Catalog,
-    payments_enabled: bool, public_url: str, idempotency_key: str | None,
-    request_digest: str,
+    connection: Connection, clock: Clock, caller: Caller, request: Create, *,
+    catalog: Catalog, payments_enabled: bool, public_url: str,
+    idempotency_key: str | None, request_digest: str,
 ) -> Outcome:
-    """Create an elicitation, or return the one a retry or a reuse refers to."""
+    """Create an elicitation, or return the one a retry or a reuse refers to.
+
+    The new elicitation, its audit event and its idempotency record are
+    one statement (see :class:`gateway.prepared.PreparedInserts`): on an
+    autocommit ``connection``, as the API runs it, a change committed as it
+    runs; on one in a transaction, part of it. The reads before it would
+    take no lock inside a transaction either: a retry racing its twin
+    with the same Idempotency-Key fails on the key's unique constraint (the
+    caller then replays the twin's answer), and two identical creates at
+    the same instant may both create, as they could in a transaction.
+    """
     if idempotency_key is not None:
-        replay = _replay(session, clock, caller.client, idempotency_key, request_digest)
+        replay = _replay(connection, clock, caller.client, idempotency_key, request_digest)
         if replay is not None:
             return replay
     _check_allowed(caller.client, request, catalog, payments_enabled)
     now = clock.now()
-    existing = _reusable(session, caller.client, request, now) if request.reuse_pending else None
+    existing = (_reusable(connection, caller.client, request, now)
+                if request.reuse_pending else None)
     if existing is not None:
         outcome = Outcome(200, represent(existing, public_url, now))
+        if idempotency_key is not None:
+            _REMEMBER.run(connection, _remembered(caller, idempotency_key, request_digest,
+                                                   outcome, now))
+        return outcome
+    created = _new(caller, request, now)
+    outcome = Outcome(201, represent(created, public_url, now))
+    rows = {
+        _TABLE.name: _row_of(created),
+        audit.TABLE.name: audit.event_row(
+            clock, actor=caller.actor, action="elicitation.created", target=created.id,
+            source_ip=caller.source_ip,
+            details={"client_id": caller.client.id, "kind": request.kind,
+                     "credential_type": created.credential_type,
+                     "ttl_seconds": request.ttl_seconds}),
+    }
+    if idempotency_key is None:
+        _CREATED.run(connection, rows)
     else:
-        created = _new(caller, request, now)
-        # Represented before the writes: on SQLite a transaction that wrote
-        # holds the database's one write lock until it commits.
-        outcome = Outcome(201, represent(created, public_url, now))
-        _insert(session, clock, caller, request, created)
-    if idempotency_key is not None:
-        session.add(IdempotencyRecord(
-            client_id=caller.client.id, key=idempotency_key, request_digest=request_digest,
-            status_code=outcome.status_code, response=outcome.body, created_at=now))
+        rows[_IDEMPOTENCY.name] = _remembered(caller, idempotency_key, request_digest,
+                                              outcome, now)
+        _CREATED_REMEMBERED.run(connection, rows)
     return outcome
 
 
@@ -112,20 +134,25 @@ def request_digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
-def _replay(session: Session, clock: Clock, client: ClientIdentity, key: str,
+def _replay(connection: Connection, clock: Clock, client: ClientIdentity, key: str,
             digest: str) -> Outcome | None:
-    record = session.scalar(select(IdempotencyRecord).where(
-        IdempotencyRecord.client_id == client.id, IdempotencyRecord.key == key))
+    record = _RECORD.first(connection, {"client_id": client.id, "key": key})
     if record is None:
         return None
     if clock.now() - record.created_at > IDEMPOTENCY_WINDOW:
-        session.delete(record)
-        session.flush()
+        # Forgotten: the key may name a new request now.
+        _FORGET.run(connection, {"id": record.id})
         return None
     if record.request_digest != digest:
         raise IdempotencyConflict("this Idempotency-Key was used with a different request "
                                   "body; use a new key for a new request")
     return Outcome(record.status_code, record.response)
+
+
+def _remembered(caller: Caller, key: str, digest: str, outcome: Outcome,
+                now: datetime) -> dict[str, Any]:
+    return {"client_id": caller.client.id, "key": key, "request_digest": digest,
+            "status_code": outcome.status_code, "response": outcome.body, "created_at": now}
 
 
 def _check_allowed(client: ClientIdentity, request: Create, catalog: Catalog,
@@ -145,9 +172,9 @@ def _check_allowed(client: ClientIdentity, request: Create, catalog: Catalog,
                            field="credential_type")
 
 
-def _reusable(session: Session, client: ClientIdentity, request: Create,
+def _reusable(connection: Connection, client: ClientIdentity, request: Create,
               now: datetime) -> ElicitationSnapshot | None:
-    rows = session.connection().execute(_REUSABLE, {
+    rows = connection.execute(_REUSABLE, {
         "client_id": client.id, "subject_iss": request.subject.iss,
         "subject_sub": request.subject.sub, "kind": request.kind, "now": now})
     # Newest first, sorted here rather than in SQL: an ORDER BY created_at
@@ -183,18 +210,10 @@ def _new(caller: Caller, request: Create, now: datetime) -> ElicitationSnapshot:
     )
 
 
-def _insert(session: Session, clock: Clock, caller: Caller, request: Create,
-            elicitation: ElicitationSnapshot) -> None:
-    # A plain INSERT on the session's connection: nothing in this transaction
-    # changes the row afterwards, so it needs none of the ORM's machinery.
+def _row_of(elicitation: ElicitationSnapshot) -> dict[str, Any]:
     values = {field: getattr(elicitation, field) for field in _SNAPSHOT_FIELDS}
     values["metadata"] = values.pop("metadata_")
-    details = {"client_id": caller.client.id, "kind": request.kind,
-               "credential_type": elicitation.credential_type,
-               "ttl_seconds": request.ttl_seconds}
-    _INSERT.run(session.connection(), values)
-    audit.record(session, clock, actor=caller.actor, action="elicitation.created",
-                 target=elicitation.id, source_ip=caller.source_ip, details=details)
+    return values
 
 
 def _credential_type(request: Create) -> str | None:
@@ -257,7 +276,14 @@ _PEEK: Final = PreparedSelect(_BY_ID)
 # The same read, joined to the API's token check: a read of the API costs one
 # statement (see gateway.web.api.looks_up).
 OWN_ELICITATION: Final = OwnedLookup(_BY_ID)
-_INSERT: Final = PreparedWrite(insert_into(_TABLE))
+_IDEMPOTENCY: Final = IdempotencyRecord.metadata.tables[IdempotencyRecord.__tablename__]
+_CREATED: Final = PreparedInserts("elicitation_created", _TABLE, audit.TABLE)
+_CREATED_REMEMBERED: Final = PreparedInserts(
+    "elicitation_created_remembered", _TABLE, audit.TABLE, _IDEMPOTENCY)
+_REMEMBER: Final = PreparedWrite(insert_into(_IDEMPOTENCY))
+_RECORD: Final = PreparedSelect(select(_IDEMPOTENCY).where(
+    _IDEMPOTENCY.c.client_id == bindparam("client_id"), _IDEMPOTENCY.c.key == bindparam("key")))
+_FORGET: Final = PreparedWrite(_IDEMPOTENCY.delete().where(_IDEMPOTENCY.c.id == bindparam("id")))
 # Still-open elicitations of one client, subject and kind, for the reuse rule.
 _REUSABLE: Final = _PEEK_ANY.where(
     _COLUMNS.client_id == bindparam("client_id"),

@@ -18,6 +18,7 @@ from sqlalchemy import (
     bindparam,
     create_engine,
     event,
+    func,
     select,
     text,
     update,
@@ -26,7 +27,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, NoResultFound
 
 from gateway import db
 from gateway.db import UTCDateTime
-from gateway.prepared import PreparedSelect, PreparedWrite, insert_into
+from gateway.prepared import PreparedInserts, PreparedSelect, PreparedWrite, insert_into
 
 metadata = MetaData()
 things = Table(
@@ -37,6 +38,13 @@ things = Table(
     Column("doc", JSON),
     Column("count", Integer),
     Column("blob", LargeBinary),
+)
+notes = Table(
+    "prepared_notes", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("thing_id", String(20), unique=True),
+    Column("written_at", UTCDateTime),
+    Column("details", JSON),
 )
 SEEN = datetime(2026, 3, 1, 12, 30, 15, 123456, tzinfo=UTC)
 BY_ID = select(things).where(things.c.id == bindparam("id"))
@@ -235,3 +243,86 @@ def test_a_missing_value_is_refused_before_anything_is_sent(connection: Connecti
     with pytest.raises(KeyError, match="count"):
         INSERT.run(connection, {key: value for key, value in NEW.items() if key != "count"})
     assert connection.execute(BY_ID, {"id": "c"}).first() is None
+
+
+# --- several tables in one statement ---------------------------------------------------
+
+THING_NOTED = PreparedInserts("prepared_thing_noted", things, notes)
+NOTE = {"thing_id": "c", "written_at": SEEN, "details": {"why": ["made", 1]}}
+
+
+def _note_of(connection: Connection, thing_id: str) -> dict[str, object] | None:
+    row = connection.execute(select(notes).where(notes.c.thing_id == thing_id)).first()
+    return None if row is None else row._asdict()
+
+
+def test_one_row_goes_into_each_table_as_sqlalchemy_writes_it(connection: Connection) -> None:
+    THING_NOTED.run(connection, {"prepared_things": NEW, "prepared_notes": NOTE})
+    row = connection.execute(BY_ID, {"id": "c"}).one()
+    assert {**row._asdict(), "blob": bytes(row.blob)} == NEW
+    note = _note_of(connection, "c")
+    assert note is not None
+    assert {key: value for key, value in note.items() if key != "id"} == NOTE
+    assert isinstance(note["id"], int)  # the generated key is the database's
+
+
+def test_when_one_row_is_refused_no_row_is_written(connection: Connection) -> None:
+    THING_NOTED.run(connection, {"prepared_things": NEW, "prepared_notes": NOTE})
+    other = {**NEW, "id": "d"}
+    with pytest.raises(IntegrityError):
+        # The note's thing_id is taken: the thing must not stay behind alone.
+        THING_NOTED.run(connection, {"prepared_things": other, "prepared_notes": NOTE})
+    assert connection.execute(BY_ID, {"id": "d"}).first() is None
+    with pytest.raises(IntegrityError):
+        # The other way round: the thing's id is taken.
+        THING_NOTED.run(connection, {"prepared_things": NEW,
+                                     "prepared_notes": {**NOTE, "thing_id": "e"}})
+    assert _note_of(connection, "e") is None
+
+
+def test_the_statement_works_on_every_connection_of_the_pool(clean_database: str) -> None:
+    # On SQLite it needs a temporary view made on each connection.
+    engine = db.make_engine(clean_database, isolation_level="AUTOCOMMIT")
+    metadata.create_all(engine)
+    try:
+        connections = [engine.connect() for _ in range(3)]
+        for number, connection in enumerate(connections):
+            THING_NOTED.run(connection, {
+                "prepared_things": {**NEW, "id": f"t{number}"},
+                "prepared_notes": {**NOTE, "thing_id": f"t{number}"}})
+        for connection in connections:
+            connection.close()
+        with engine.connect() as connection:
+            assert connection.scalar(select(func.count()).select_from(notes)) == 3
+    finally:
+        metadata.drop_all(engine)
+        engine.dispose()
+
+
+def test_in_a_transaction_the_rows_go_with_it(clean_database: str) -> None:
+    engine = db.make_engine(clean_database)
+    metadata.create_all(engine)
+    try:
+        with engine.connect() as connection:
+            with connection.begin() as transaction:
+                THING_NOTED.run(connection, {"prepared_things": NEW, "prepared_notes": NOTE})
+                transaction.rollback()
+            assert connection.execute(BY_ID, {"id": "c"}).first() is None
+            assert _note_of(connection, "c") is None
+    finally:
+        metadata.drop_all(engine)
+        engine.dispose()
+
+
+def test_a_missing_value_of_any_table_is_refused_before_anything_is_sent(
+    connection: Connection,
+) -> None:
+    note = {key: value for key, value in NOTE.items() if key != "written_at"}
+    with pytest.raises(KeyError, match="written_at"):
+        THING_NOTED.run(connection, {"prepared_things": NEW, "prepared_notes": note})
+    assert connection.execute(BY_ID, {"id": "c"}).first() is None
+
+
+def test_one_table_is_refused() -> None:
+    with pytest.raises(ValueError, match="PreparedWrite"):
+        PreparedInserts("prepared_alone", things)

@@ -57,12 +57,47 @@ def test_concurrent_write_transactions_all_commit(engine: Engine) -> None:
         assert connection.scalar(text("SELECT count(*) FROM rows")) == 400
 
 
+def test_autocommit_writes_beside_write_transactions_all_commit(
+    engine: Engine, autocommit_engine: Engine,
+) -> None:
+    # Autocommit writes meet the queued transactions in SQLite's busy
+    # handler: slower under contention, never refused.
+    failures: list[BaseException] = []
+
+    def transactions(start: int) -> None:
+        try:
+            for n in range(start, start + 50):
+                with engine.begin() as connection:
+                    connection.execute(text("INSERT INTO rows (n) VALUES (:n)"), {"n": n})
+                    connection.execute(text("UPDATE rows SET n = n WHERE n = :n"), {"n": n})
+        except BaseException as error:  # reported by the assertion below
+            failures.append(error)
+
+    def statements(start: int) -> None:
+        try:
+            with autocommit_engine.connect() as connection:
+                for n in range(start, start + 50):
+                    connection.execute(text("INSERT INTO rows (n) VALUES (:n)"), {"n": n})
+        except BaseException as error:  # reported by the assertion below
+            failures.append(error)
+
+    threads = [threading.Thread(target=transactions if i % 2 else statements,
+                                args=(i * 1000,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert _count(engine) == 400
+
+
 @pytest.mark.parametrize("second_on", ["engine", "autocommit_engine"])
 def test_a_writer_waits_until_the_other_transaction_has_ended(
     engine: Engine, second_on: str, request: pytest.FixtureRequest,
 ) -> None:
-    # Every engine on the file queues in one line: the request's autocommit
-    # connection waits for its transactions, and they for it.
+    # Every engine on the file waits for an open write transaction: another
+    # transaction in the writers' queue, an autocommit write (which does not
+    # queue) in SQLite's busy handler.
     second_engine: Engine = request.getfixturevalue(second_on)
     done = threading.Event()
 
