@@ -208,6 +208,9 @@ class PreparedInserts(_Prepared):
             raise ValueError("PreparedInserts writes several tables; use PreparedWrite for one")
         self._name = name
         self._tables = tables
+        # The statement's parameter for each table's column.
+        self._parameters = {table.name: {column.key: _joined(table, column)
+                                         for column in _inserted(table)} for table in tables}
         self._view = Table(name, MetaData(), *(
             Column(_joined(table, column), column.type)
             for table in tables for column in _inserted(table)))
@@ -215,8 +218,8 @@ class PreparedInserts(_Prepared):
 
     def run(self, connection: Connection, rows: Mapping[str, Mapping[str, Any]]) -> None:
         """Insert each table's row (``rows`` keyed by table name), all in one statement."""
-        parameters = {_joined(table, table.c[name]): value
-                      for table in self._tables for name, value in rows[table.name].items()}
+        parameters = {self._parameters[table][name]: value
+                      for table, row in rows.items() for name, value in row.items()}
         if connection.dialect.name == "sqlite":
             self._install(connection)
         self._execute(connection, parameters, limit=None, listened=True)
