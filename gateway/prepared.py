@@ -199,8 +199,9 @@ class PreparedInserts(_Prepared):
     whose ``INSTEAD OF`` trigger inserts each table's row; the view and the
     trigger are made on each connection before its first use.
 
-    Parameters are given per table: ``run(connection, {"elicitations": {...},
-    "audit_events": {...}})``, each row with every column but a generated key.
+    ``name`` names that view: one per statement. Parameters are given per
+    table: ``run(connection, {"elicitations": {...}, "audit_events": {...}})``,
+    each row with every column but a generated key.
     """
 
     def __init__(self, name: str, *tables: Table) -> None:

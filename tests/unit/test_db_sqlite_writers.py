@@ -91,6 +91,21 @@ def test_autocommit_writes_beside_write_transactions_all_commit(
     assert _count(engine) == 400
 
 
+def test_an_autocommit_write_does_not_wait_for_the_writers_queue(
+    engine: Engine, autocommit_engine: Engine,
+) -> None:
+    # Queued, its thread would give the queue back only once it had the
+    # interpreter lock again after the statement, and every writer would
+    # wait for that (see db._serialize_sqlite_writers).
+    thread_lock, _ = db._writer_locks(engine.url.database)
+    with thread_lock:  # a writer of this process holds the queue
+        started = time.monotonic()
+        with autocommit_engine.connect() as connection:
+            connection.execute(text("INSERT INTO rows (n) VALUES (1)"))
+        assert time.monotonic() - started < 1
+    assert _count(engine) == 1
+
+
 @pytest.mark.parametrize("second_on", ["engine", "autocommit_engine"])
 def test_a_writer_waits_until_the_other_transaction_has_ended(
     engine: Engine, second_on: str, request: pytest.FixtureRequest,
