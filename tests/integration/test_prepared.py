@@ -194,22 +194,28 @@ def test_returning_converts_values_by_their_column_type(connection: Connection) 
     assert row.doc == NEW["doc"]
 
 
-def test_a_write_in_a_transaction_goes_with_it(clean_database: str) -> None:
+@pytest.fixture
+def transactional(clean_database: str) -> Iterator[Connection]:
+    """A connection that opens transactions (the other tests' connections commit each statement)."""
     engine = db.make_engine(clean_database)
     metadata.create_all(engine)
     try:
         with engine.connect() as connection:
-            with connection.begin() as transaction:
-                INSERT.run(connection, NEW)
-                transaction.rollback()
-            assert connection.execute(BY_ID, {"id": "c"}).first() is None
-            connection.rollback()  # ends the read's own transaction
-            with connection.begin():
-                INSERT.run(connection, NEW)
-            assert connection.execute(BY_ID, {"id": "c"}).one().count == 3
+            yield connection
     finally:
         metadata.drop_all(engine)
         engine.dispose()
+
+
+def test_a_write_in_a_transaction_goes_with_it(transactional: Connection) -> None:
+    with transactional.begin() as transaction:
+        INSERT.run(transactional, NEW)
+        transaction.rollback()
+    assert transactional.execute(BY_ID, {"id": "c"}).first() is None
+    transactional.rollback()  # ends the read's own transaction
+    with transactional.begin():
+        INSERT.run(transactional, NEW)
+    assert transactional.execute(BY_ID, {"id": "c"}).one().count == 3
 
 
 def test_the_engines_listeners_see_every_write(connection: Connection) -> None:
@@ -299,19 +305,12 @@ def test_the_statement_works_on_every_connection_of_the_pool(clean_database: str
         engine.dispose()
 
 
-def test_in_a_transaction_the_rows_go_with_it(clean_database: str) -> None:
-    engine = db.make_engine(clean_database)
-    metadata.create_all(engine)
-    try:
-        with engine.connect() as connection:
-            with connection.begin() as transaction:
-                THING_NOTED.run(connection, {"prepared_things": NEW, "prepared_notes": NOTE})
-                transaction.rollback()
-            assert connection.execute(BY_ID, {"id": "c"}).first() is None
-            assert _note_of(connection, "c") is None
-    finally:
-        metadata.drop_all(engine)
-        engine.dispose()
+def test_in_a_transaction_the_rows_go_with_it(transactional: Connection) -> None:
+    with transactional.begin() as transaction:
+        THING_NOTED.run(transactional, {"prepared_things": NEW, "prepared_notes": NOTE})
+        transaction.rollback()
+    assert transactional.execute(BY_ID, {"id": "c"}).first() is None
+    assert _note_of(transactional, "c") is None
 
 
 def test_a_missing_value_of_any_table_is_refused_before_anything_is_sent(

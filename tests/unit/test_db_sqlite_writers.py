@@ -35,19 +35,21 @@ def autocommit_engine(engine: Engine) -> Iterator[Engine]:
     other.dispose()
 
 
+def _transactions(engine: Engine, start: int, failures: list[BaseException]) -> None:
+    """50 write transactions of two statements each; a failure is kept for the test to report."""
+    try:
+        for n in range(start, start + 50):
+            with engine.begin() as connection:
+                connection.execute(text("INSERT INTO rows (n) VALUES (:n)"), {"n": n})
+                connection.execute(text("UPDATE rows SET n = n WHERE n = :n"), {"n": n})
+    except BaseException as error:  # reported by the caller's assertion
+        failures.append(error)
+
+
 def test_concurrent_write_transactions_all_commit(engine: Engine) -> None:
     failures: list[BaseException] = []
-
-    def write(start: int) -> None:
-        try:
-            for n in range(start, start + 50):
-                with engine.begin() as connection:
-                    connection.execute(text("INSERT INTO rows (n) VALUES (:n)"), {"n": n})
-                    connection.execute(text("UPDATE rows SET n = n WHERE n = :n"), {"n": n})
-        except BaseException as error:  # reported by the assertion below
-            failures.append(error)
-
-    threads = [threading.Thread(target=write, args=(i * 1000,)) for i in range(8)]
+    threads = [threading.Thread(target=_transactions, args=(engine, i * 1000, failures))
+               for i in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -64,15 +66,6 @@ def test_autocommit_writes_beside_write_transactions_all_commit(
     # handler: slower under contention, never refused.
     failures: list[BaseException] = []
 
-    def transactions(start: int) -> None:
-        try:
-            for n in range(start, start + 50):
-                with engine.begin() as connection:
-                    connection.execute(text("INSERT INTO rows (n) VALUES (:n)"), {"n": n})
-                    connection.execute(text("UPDATE rows SET n = n WHERE n = :n"), {"n": n})
-        except BaseException as error:  # reported by the assertion below
-            failures.append(error)
-
     def statements(start: int) -> None:
         try:
             with autocommit_engine.connect() as connection:
@@ -81,8 +74,9 @@ def test_autocommit_writes_beside_write_transactions_all_commit(
         except BaseException as error:  # reported by the assertion below
             failures.append(error)
 
-    threads = [threading.Thread(target=transactions if i % 2 else statements,
-                                args=(i * 1000,)) for i in range(8)]
+    threads = [threading.Thread(target=_transactions, args=(engine, i * 1000, failures))
+               if i % 2 else threading.Thread(target=statements, args=(i * 1000,))
+               for i in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
