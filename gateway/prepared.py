@@ -190,9 +190,9 @@ class PreparedInserts(_Prepared):
     every row or none, with no BEGIN and no COMMIT. On PostgreSQL that is
     one round trip instead of four; on SQLite the write lock is held inside
     that one call of the driver only, never while the thread waits for the
-    interpreter lock between a transaction's statements (see
-    :func:`gateway.db.make_engine`), which is what made concurrent creates
-    queue on it.
+    interpreter lock between a transaction's statements (see SQLite's
+    writers' queue in :mod:`gateway.db`), which is what made concurrent
+    creates queue on it.
 
     PostgreSQL chains the INSERTs with WITH. SQLite writes one table per
     statement, so there the statement inserts one row into a temporary view
