@@ -46,17 +46,21 @@ def _transactions(engine: Engine, start: int, failures: list[BaseException]) -> 
         failures.append(error)
 
 
-def test_concurrent_write_transactions_all_commit(engine: Engine) -> None:
-    failures: list[BaseException] = []
-    threads = [threading.Thread(target=_transactions, args=(engine, i * 1000, failures))
-               for i in range(8)]
+def _run_together(threads: list[threading.Thread]) -> None:
+    """Start every thread, then wait for each to end."""
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+
+
+def test_concurrent_write_transactions_all_commit(engine: Engine) -> None:
+    failures: list[BaseException] = []
+    threads = [threading.Thread(target=_transactions, args=(engine, i * 1000, failures))
+               for i in range(8)]
+    _run_together(threads)
     assert failures == []
-    with engine.connect() as connection:
-        assert connection.scalar(text("SELECT count(*) FROM rows")) == 400
+    assert _count(engine) == 400
 
 
 def test_autocommit_writes_beside_write_transactions_all_commit(
@@ -77,10 +81,7 @@ def test_autocommit_writes_beside_write_transactions_all_commit(
     threads = [threading.Thread(target=_transactions, args=(engine, i * 1000, failures))
                if i % 2 else threading.Thread(target=statements, args=(i * 1000,))
                for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _run_together(threads)
     assert failures == []
     assert _count(engine) == 400
 
