@@ -17,8 +17,10 @@ through ``Connection.execute``.
   On a SQLite write transaction the queue's lock is held from the first write
   to the commit, so the less Python runs in between, the sooner the next
   writer goes: this is the other reason writes are prepared.
-- :class:`PreparedInserts` adds one row to each of several tables in one
-  statement: a change that commits on its own, without a transaction.
+- :class:`PreparedChange` changes several tables in one statement, written
+  once per database: a change that commits on its own, without a
+  transaction. :class:`PreparedInserts` is the change that adds one row to
+  each of several tables.
 
 A driver's error is reported as SQLAlchemy reports it, and a connection that
 died is invalidated so that the pool replaces it.
@@ -34,6 +36,7 @@ from typing import Any, Final
 
 from sqlalchemy import (
     Column,
+    ColumnElement,
     Connection,
     Delete,
     Insert,
@@ -44,11 +47,12 @@ from sqlalchemy import (
     bindparam,
     insert,
     literal_column,
+    not_,
     null,
     select,
 )
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import DBAPIError, NoResultFound, StatementError
+from sqlalchemy.exc import DBAPIError, IntegrityError, NoResultFound, StatementError
 from sqlalchemy.sql.compiler import SQLCompiler
 
 Processor = Callable[[Any], Any] | None
@@ -182,48 +186,58 @@ class PreparedWrite(_Prepared):
         return Written(rowcount, rows)
 
 
-class PreparedInserts(_Prepared):
-    """One row into each of several tables in one statement: on autocommit, one change.
+class PreparedChange(_Prepared):
+    """A change of several tables as one statement, written once for each database.
 
-    For a change that only adds rows (an elicitation and its audit event):
-    as one statement on an autocommit connection it commits as it runs,
-    every row or none, with no BEGIN and no COMMIT. On PostgreSQL that is
-    one round trip instead of four; on SQLite the write lock is held inside
-    that one call of the driver only, never while the thread waits for the
-    interpreter lock between a transaction's statements (see SQLite's
-    writers' queue in :mod:`gateway.db`), which is what made concurrent
-    creates queue on it.
+    As one statement on an autocommit connection it commits as it runs,
+    every row or none, with no BEGIN and no COMMIT. On PostgreSQL that is one
+    round trip instead of one per table and two more; on SQLite the write
+    lock is held inside that one call of the driver only, never while the
+    thread waits for the interpreter lock between a transaction's statements
+    (see SQLite's writers' queue in :mod:`gateway.db`), which is what made
+    concurrent writers queue on it.
 
-    PostgreSQL chains the INSERTs with WITH. SQLite writes one table per
-    statement, so there the statement inserts one row into a temporary view
-    whose ``INSTEAD OF`` trigger inserts each table's row; the view and the
-    trigger are made on each connection before its first use.
+    - PostgreSQL runs ``postgresql(parameters)``: a chain of data-modifying
+      statements joined with WITH.
+    - SQLite changes one table per statement, so there the parameters go in
+      as one row of a temporary view whose ``INSTEAD OF`` trigger runs
+      ``sqlite(parameters)``, statement after statement; the view and the
+      trigger are made on each connection before its first use.
 
-    ``name`` names that view: one per statement. Parameters are given per
-    table: ``run(connection, {"elicitations": {...}, "audit_events": {...}})``,
-    each row with every column but a generated key.
+    Both builders get the same :class:`Parameters`: ``parameters["name"]``
+    is a bound parameter on PostgreSQL and the view's row (``NEW.name``) in
+    the trigger. ``name`` names the view: one per change.
+
+    A change may be guarded, made only if the database is as its caller
+    read it (an elicitation still open). The PostgreSQL statement then
+    selects a row only when the guard passed, and the SQLite trigger starts
+    with :func:`refuse_unless`; :meth:`run` answers False for a refused
+    change, which wrote nothing.
     """
 
-    def __init__(self, name: str, *tables: Table) -> None:
-        if len(tables) < 2:
-            raise ValueError("PreparedInserts writes several tables; use PreparedWrite for one")
+    def __init__(self, name: str, parameters: Sequence[Column[Any]], *,
+                 postgresql: Callable[[Parameters], Statement],
+                 sqlite: Callable[[Parameters], Sequence[Any]]) -> None:
         self._name = name
-        self._tables = tables
-        # The statement's parameter for each table's column.
-        self._parameters = {table.name: {column.key: _joined(table, column)
-                                         for column in _inserted(table)} for table in tables}
-        self._view = Table(name, MetaData(), *(
-            Column(_joined(table, column), column.type)
-            for table in tables for column in _inserted(table)))
-        super().__init__(_chained(tables))
+        self._view = Table(name, MetaData(), *(Column(column.key, column.type)
+                                                for column in parameters))
+        self._sqlite = sqlite
+        super().__init__(postgresql(Parameters(self._view, trigger=False)))
 
-    def run(self, connection: Connection, rows: Mapping[str, Mapping[str, Any]]) -> None:
-        """Insert each table's row (``rows`` keyed by table name), all in one statement."""
-        parameters = {self._parameters[table][name]: value
-                      for table, row in rows.items() for name, value in row.items()}
-        if connection.dialect.name == "sqlite":
-            self._install(connection)
-        self._execute(connection, parameters, limit=None, listened=True)
+    def run(self, connection: Connection, parameters: Mapping[str, Any]) -> bool:
+        """Make the change; False if its guard refused it, and then nothing was written."""
+        if connection.dialect.name != "sqlite":
+            rows, _ = self._execute(connection, parameters, limit=None, listened=True)
+            return bool(rows) or not self._plan(_key(connection.dialect),
+                                                connection.dialect).columns
+        self._install(connection)
+        try:
+            self._execute(connection, parameters, limit=None, listened=True)
+        except IntegrityError as error:
+            if str(error.orig) == _REFUSED:
+                return False
+            raise
+        return True
 
     def _statement_for(self, dialect: Dialect) -> Statement:
         return insert_into(self._view) if dialect.name == "sqlite" else self._statement
@@ -244,45 +258,105 @@ class PreparedInserts(_Prepared):
     def _sqlite_definitions(self, dialect: Dialect) -> tuple[str, str]:
         quote = dialect.identifier_preparer.quote
         view = quote(self._name)
-        # Identifiers only, all the gateway's own: no value is written into the SQL.
         columns = select(*(null().label(column.key) for column in self._view.columns))
-        inserts = "; ".join(
-            str(insert(table).values({
-                column.key: literal_column(f"NEW.{quote(_joined(table, column))}")
-                for column in _inserted(table)}).inline().compile(dialect=dialect))
-            for table in self._tables)
+        # The gateway's own identifiers and constants only: no value a
+        # request brings is written into the SQL.
+        body = "; ".join(
+            str(statement.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+            for statement in self._sqlite(Parameters(self._view, trigger=True)))
         return (
             f"CREATE TEMP VIEW IF NOT EXISTS {view} AS {columns.compile(dialect=dialect)}",
             f"CREATE TEMP TRIGGER IF NOT EXISTS {quote(self._name + '_insert')} "
-            f"INSTEAD OF INSERT ON {view} BEGIN {inserts}; END",
+            f"INSTEAD OF INSERT ON {view} BEGIN {body}; END",
         )
 
 
-_INSTALLED: Final = "gateway.prepared_inserts"
+class Parameters:
+    """A change's parameters by name, as its statement refers to them (see PreparedChange)."""
+
+    def __init__(self, view: Table, *, trigger: bool) -> None:
+        self._view = view
+        self._trigger = trigger
+
+    def __getitem__(self, name: str) -> ColumnElement[Any]:
+        column = self._view.c[name]
+        if self._trigger:
+            return literal_column(f"NEW.{column.key}", type_=column.type)
+        return bindparam(column.key, type_=column.type)
+
+    def row(self, table: Table, prefix: str,
+            **given: ColumnElement[Any]) -> dict[str, ColumnElement[Any]]:
+        """A row of ``table`` from the parameters named ``<prefix>__<column>``, but ``given``."""
+        return {column.key: given[column.key] if column.key in given
+                else self[f"{prefix}__{column.key}"] for column in _inserted(table)}
+
+
+class PreparedInserts(PreparedChange):
+    """One row into each of several tables in one change (see PreparedChange).
+
+    For a change that only adds rows (an elicitation and its audit event).
+    Parameters are given per table: ``run(connection, {"elicitations":
+    {...}, "audit_events": {...}})``, each row with every column but a
+    generated key.
+    """
+
+    def __init__(self, name: str, *tables: Table) -> None:
+        if len(tables) < 2:
+            raise ValueError("PreparedInserts writes several tables; use PreparedWrite for one")
+        self._tables = tables
+        super().__init__(name, row_parameters(*tables), postgresql=self._chained,
+                         sqlite=self._each)
+
+    def run(self, connection: Connection,  # type: ignore[override]
+            rows: Mapping[str, Mapping[str, Any]]) -> None:
+        """Insert each table's row (``rows`` keyed by table name), all in one statement."""
+        super().run(connection, prefixed(rows))
+
+    def _chained(self, parameters: Parameters) -> Insert:
+        """``WITH a AS (INSERT INTO a …), b AS (INSERT INTO b …) INSERT INTO c …``."""
+        *first, last = self._tables
+        statement = insert(last).values(parameters.row(last, last.name))
+        for table in first:
+            statement = statement.add_cte(
+                insert(table).values(parameters.row(table, table.name)).cte(
+                    f"{table.name}_inserted"))
+        return statement
+
+    def _each(self, parameters: Parameters) -> list[Insert]:
+        return [insert(table).values(parameters.row(table, table.name)).inline()
+                for table in self._tables]
+
+
+def row_parameters(*tables: Table, prefixes: Sequence[str] | None = None) -> list[Column[Any]]:
+    """A parameter ``<prefix>__<column>`` for each inserted column of each table.
+
+    The prefix is the table's name unless ``prefixes`` names one per table.
+    """
+    return [Column(f"{prefix}__{column.key}", column.type)
+            for table, prefix in zip(tables, prefixes or [t.name for t in tables], strict=True)
+            for column in _inserted(table)]
+
+
+def prefixed(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Rows keyed by prefix as one change's parameters (see :func:`row_parameters`)."""
+    return {f"{prefix}__{name}": value for prefix, row in rows.items()
+            for name, value in row.items()}
+
+
+def refuse_unless(condition: ColumnElement[bool]) -> Select[Any]:
+    """A guarded change's first statement in its SQLite trigger: stop unless ``condition``."""
+    return select(literal_column(f"RAISE(ABORT, '{_REFUSED}')")).where(not_(condition))
+
+
+_INSTALLED: Final = "gateway.prepared_changes"
+# The message of a guard's refusal on SQLite: constant, so that it is told
+# from any other constraint's.
+_REFUSED: Final = "gateway: the change was refused by its guard"
 
 
 def _inserted(table: Table) -> list[Column[Any]]:
     """The columns an INSERT gives values: all but a generated key."""
     return [column for column in table.columns if column is not table.autoincrement_column]
-
-
-def _joined(table: Table, column: Column[Any]) -> str:
-    return f"{table.name}__{column.key}"
-
-
-def _chained(tables: Sequence[Table]) -> Insert:
-    """``WITH a AS (INSERT INTO a …), b AS (INSERT INTO b …) INSERT INTO c …`` (PostgreSQL)."""
-
-    def values(table: Table) -> Insert:
-        return insert(table).values({
-            column.key: bindparam(_joined(table, column), type_=column.type)
-            for column in _inserted(table)})
-
-    *first, last = tables
-    statement = values(last)
-    for table in first:
-        statement = statement.add_cte(values(table).cte(f"{table.name}_inserted"))
-    return statement
 
 
 def _rows(plan: _Plan, raw: list[Any], processors: tuple[Processor, ...] | None) -> list[Any]:

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import (
     JSON,
     Column,
+    ColumnElement,
     Connection,
     Integer,
     LargeBinary,
     MetaData,
+    Select,
     String,
     Table,
+    Update,
     bindparam,
     create_engine,
     event,
+    exists,
     func,
+    insert,
     select,
     text,
     update,
@@ -27,7 +33,15 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, NoResultFound
 
 from gateway import db
 from gateway.db import UTCDateTime
-from gateway.prepared import PreparedInserts, PreparedSelect, PreparedWrite, insert_into
+from gateway.prepared import (
+    Parameters,
+    PreparedChange,
+    PreparedInserts,
+    PreparedSelect,
+    PreparedWrite,
+    insert_into,
+    refuse_unless,
+)
 
 metadata = MetaData()
 things = Table(
@@ -325,3 +339,67 @@ def test_a_missing_value_of_any_table_is_refused_before_anything_is_sent(
 def test_one_table_is_refused() -> None:
     with pytest.raises(ValueError, match="PreparedWrite"):
         PreparedInserts("prepared_alone", things)
+
+
+# --- a guarded change ------------------------------------------------------------------
+
+
+def _is_open(parameters: Parameters) -> list[ColumnElement[bool]]:
+    return [things.c.id == parameters["id"], things.c.status == "open"]
+
+
+def _closes(parameters: Parameters) -> Update:
+    return update(things).values(status="closed", seen_at=parameters["at"])
+
+
+def _closed_postgresql(parameters: Parameters) -> Select[Any]:
+    moved = (_closes(parameters).where(*_is_open(parameters)).returning(things.c.id)
+             .cte("moved"))
+    noted = insert(notes).from_select(
+        ["thing_id", "written_at", "details"],
+        select(moved.c.id, parameters["at"], parameters["details"]).select_from(moved))
+    return select(moved.c.id).add_cte(noted.cte("noted"))
+
+
+def _closed_sqlite(parameters: Parameters) -> list[Any]:
+    return [
+        refuse_unless(exists(select(things.c.id).where(*_is_open(parameters)))),
+        _closes(parameters).where(things.c.id == parameters["id"]),
+        insert(notes).values(thing_id=parameters["id"], written_at=parameters["at"],
+                             details=parameters["details"]),
+    ]
+
+
+# Closes an open thing and notes it, or does nothing.
+THING_CLOSED = PreparedChange(
+    "prepared_thing_closed",
+    [Column("id", String), Column("at", UTCDateTime), Column("details", JSON)],
+    postgresql=_closed_postgresql, sqlite=_closed_sqlite)
+CLOSED_AT = SEEN + timedelta(days=1)
+
+
+def test_a_guarded_change_is_made_when_its_guard_holds(connection: Connection) -> None:
+    made = THING_CLOSED.run(connection, {"id": "a", "at": CLOSED_AT, "details": {"by": "x"}})
+    assert made is True
+    row = connection.execute(BY_ID, {"id": "a"}).one()
+    assert (row.status, row.seen_at) == ("closed", CLOSED_AT)
+    note = _note_of(connection, "a")
+    assert note is not None
+    assert (note["written_at"], note["details"]) == (CLOSED_AT, {"by": "x"})
+
+
+def test_a_change_its_guard_refuses_writes_nothing(connection: Connection) -> None:
+    assert THING_CLOSED.run(connection, {"id": "b", "at": CLOSED_AT, "details": {}}) is False
+    assert connection.execute(BY_ID, {"id": "b"}).one().seen_at is None
+    assert _note_of(connection, "b") is None
+    # Refused again the second time: a closed thing stays closed once.
+    assert THING_CLOSED.run(connection, {"id": "a", "at": CLOSED_AT, "details": {}}) is True
+    assert THING_CLOSED.run(connection, {"id": "a", "at": SEEN, "details": {}}) is False
+    assert connection.execute(BY_ID, {"id": "a"}).one().seen_at == CLOSED_AT
+
+
+def test_another_constraint_is_not_taken_for_the_guard(connection: Connection) -> None:
+    connection.execute(notes.insert(), {"thing_id": "a", "written_at": SEEN, "details": {}})
+    with pytest.raises(IntegrityError):
+        THING_CLOSED.run(connection, {"id": "a", "at": CLOSED_AT, "details": {}})
+    assert connection.execute(BY_ID, {"id": "a"}).one().status == "open"
