@@ -368,6 +368,25 @@ def serialize(session: Session, *key: str) -> None:
         session.execute(_ADVISORY_LOCK, {"key": "\x1f".join(key)})
 
 
+@contextmanager
+def change(*key: str) -> Iterator[Connection]:
+    """A connection for a change that is one statement, taking turns by ``key``.
+
+    What the statement reads includes every change committed before it by
+    another that named the same key. SQLite: the request's autocommit
+    connection, since a statement there runs with the one write lock
+    held, alone, and commits as it ends. PostgreSQL: a transaction that
+    first takes the key's lock (see :func:`serialize`), and commits when the
+    block ends.
+    """
+    if engine().dialect.name == "sqlite":
+        yield autocommit()
+        return
+    with transaction() as current:
+        serialize(current, *key)
+        yield current.connection()
+
+
 _ADVISORY_LOCK: Final = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
 
 

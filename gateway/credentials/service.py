@@ -8,14 +8,34 @@ bound to its row.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import Connection, and_, bindparam, delete, or_, select, update
+from sqlalchemy import (
+    Column,
+    ColumnElement,
+    Connection,
+    Exists,
+    FromClause,
+    Insert,
+    Select,
+    String,
+    Update,
+    and_,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.orm import Session
 
-from gateway import db
+from gateway import changes, db
 from gateway.audit import service as audit
 from gateway.clients.models import Client
 from gateway.clients.service import OwnedLookup
@@ -24,14 +44,21 @@ from gateway.credentials.catalog import CredentialType
 from gateway.credentials.models import Credential
 from gateway.db import UTCDateTime
 from gateway.elicitations import lifecycle
-from gateway.elicitations.lifecycle import Status
-from gateway.elicitations.models import Elicitation
+from gateway.elicitations.lifecycle import OPEN, Status
+from gateway.elicitations.models import Elicitation, ElicitationSnapshot
 from gateway.errors import Conflict, GatewayError, NotFound
 from gateway.pagination import decode_cursor, encode_cursor, timestamp
-from gateway.prepared import PreparedWrite, insert_into
+from gateway.prepared import (
+    Parameters,
+    PreparedChange,
+    prefixed,
+    refuse_unless,
+    row_parameters,
+)
 from gateway.tokens import new_id
 from gateway.vault.envelope import Envelope, VaultError, bind, reveal_plaintext, seal
 from gateway.vault.keyring import Keyring
+from gateway.webhooks import outbox
 
 log = logging.getLogger(__name__)
 
@@ -100,76 +127,181 @@ def binding(credential: Credential | SealedCredential) -> bytes:
                 type=credential.type)
 
 
-def seal_for(keyring: Keyring, elicitation: Elicitation, credential_type: CredentialType,
-             secret: str, now: datetime) -> Credential:
-    """The key checked and sealed for the elicitation's client and user; not stored yet.
-
-    Done before the first write of :func:`capture`'s transaction, so that the
-    encryption is not part of what it holds: on SQLite a transaction that
-    wrote holds the database's one write lock until it ends.
-    """
+def seal_for(keyring: Keyring, elicitation: Elicitation | ElicitationSnapshot,
+             credential_type: CredentialType, secret: str, now: datetime) -> Credential:
+    """The key checked and sealed for the elicitation's client and user; not stored yet."""
     check_shape(credential_type, secret)
     credential = Credential(
         id=new_id("cr_", 15), client_id=elicitation.client_id,
         subject_iss=elicitation.subject_iss, subject_sub=elicitation.subject_sub,
         type=credential_type.id, hint=hint_of(secret), elicitation_id=elicitation.id,
-        created_at=now)
+        created_at=now, revoked_at=None)
     credential.envelope = seal(keyring, secret.encode(), binding(credential))
     return credential
 
 
-def capture(session: Session, clock: Clock, elicitation: Elicitation, credential: Credential,
-            *, actor: str, source_ip: str | None) -> Credential:
-    """Store the sealed key and complete the elicitation, in the caller's transaction."""
+def capture(clock: Clock, elicitation: Elicitation | ElicitationSnapshot,
+            credential: Credential, *, actor: str, source_ip: str | None) -> bool:
+    """Store the sealed key and complete the elicitation, as one change.
+
+    ``elicitation`` is as the caller read it, still open. The change is made
+    only if it is still in the status read and its time is not up: False,
+    with nothing written, when it has moved on meanwhile (ended, opened in
+    another tab, or expired while a live check ran), and the caller reads
+    it again. In the same change: a still-pending
+    elicitation is recorded as opened first, the owner's previous key is
+    revoked (the MCP server must not go on using a key the user has
+    replaced), every step is audited, and the completion's webhook event
+    goes into the outbox if the client takes webhooks.
+    """
     if credential.elicitation_id != elicitation.id:
         raise ValueError("the credential was sealed for another elicitation")
-    lifecycle.transition(session, clock, elicitation, Status.COMPLETED, actor=actor,
-                         source_ip=source_ip, details={"credential_id": credential.id},
-                         event_data={"credential": {"id": credential.id,
-                                                    "type": credential.type,
-                                                    "hint": credential.hint}})
-    # A prepared INSERT, not a flush of the ORM object (every capture runs
-    # it); written before the owner's lock is taken, so the lock is held only
-    # from here to the commit.
-    _INSERT.run(session.connection(), {
-        column.key: getattr(credential, column.key) for column in _CREDENTIALS.columns})
-    superseded = _supersede(session, credential, clock.now())
-    audit.record(session, clock, actor=actor, action="credential.captured",
-                 target=credential.id, source_ip=source_ip,
-                 details={"client_id": credential.client_id, "type": credential.type,
-                          "elicitation_id": elicitation.id, "superseded": superseded})
-    return credential
+    if elicitation.status not in OPEN:
+        raise lifecycle.IllegalTransition(
+            f"an elicitation that is {elicitation.status} cannot become completed",
+            elicitation_status=elicitation.status)
+    completed = replace(ElicitationSnapshot.of(elicitation), status=Status.COMPLETED.value)
+    summary = {"id": credential.id, "type": credential.type, "hint": credential.hint}
+
+    def event(action: str, target: str | None, **details: Any) -> dict[str, Any]:
+        return audit.event_row(clock, actor=actor, action=action, target=target,
+                               source_ip=source_ip,
+                               details={"client_id": credential.client_id, **details})
+
+    rows = {
+        "credential": {column.key: getattr(credential, column.key)
+                       for column in _CREDENTIALS.columns},
+        "opened": event("elicitation.opened", elicitation.id, **{"from": Status.PENDING.value}),
+        "completed": event("elicitation.completed", elicitation.id,
+                           credential_id=credential.id, **{"from": Status.OPENED.value}),
+        # One row per key this one replaces: the statement fills in its id.
+        "superseded": event("credential.revoked", None, type=credential.type,
+                            reason="superseded", superseded_by=credential.id),
+        "captured": event("credential.captured", credential.id, type=credential.type,
+                          elicitation_id=elicitation.id),
+        "event": outbox.event_row(clock, credential.client_id, "elicitation.completed",
+                                  lifecycle.event_data(completed, {"credential": summary}),
+                                  elicitation_id=elicitation.id),
+    }
+    # Two captures for one owner at once must not both stay live: each
+    # takes its turn, and then sees the key of the one before it.
+    with db.change(*owner_key(credential.client_id, credential.subject_iss,
+                              credential.subject_sub, credential.type)) as connection:
+        return _CAPTURED.run(connection, {
+            "elicitation_id": elicitation.id, "from_status": elicitation.status,
+            "at": clock.now(), **prefixed(rows)})
 
 
-def _supersede(session: Session, credential: Credential, now: datetime) -> list[str]:
-    # A new key for the same client, user and type replaces the old one: the
-    # MCP server must not go on using a key the user has replaced. Two
-    # captures for one owner at once must not both stay live, so each waits
-    # for the other's commit before it looks, and then sees its key.
-    db.serialize(session, "credential-owner", credential.client_id, credential.subject_iss,
-                 credential.subject_sub, credential.type)
-    revoked = _SUPERSEDE.run(session.connection(), {
-        "owner_client": credential.client_id, "owner_iss": credential.subject_iss,
-        "owner_sub": credential.subject_sub, "owner_type": credential.type,
-        "keep": credential.id, "revoked": now})
-    return sorted(row.id for row in revoked.rows)
+def owner_key(client_id: str, subject_iss: str, subject_sub: str,
+              type_id: str) -> tuple[str, ...]:
+    """What the captures of one user's key of one type for one client take turns by."""
+    return ("credential-owner", client_id, subject_iss, subject_sub, type_id)
 
 
 _CREDENTIALS: Final = Credential.metadata.tables[Credential.__tablename__]
-_INSERT: Final = PreparedWrite(insert_into(_CREDENTIALS))
-# Built once; the names of its parameters are not column names, which an
-# UPDATE reserves for its SET clause.
-_SUPERSEDE: Final = PreparedWrite(
-    update(_CREDENTIALS)
-    .where(_CREDENTIALS.c.client_id == bindparam("owner_client"),
-           _CREDENTIALS.c.subject_iss == bindparam("owner_iss"),
-           _CREDENTIALS.c.subject_sub == bindparam("owner_sub"),
-           _CREDENTIALS.c.type == bindparam("owner_type"),
-           _CREDENTIALS.c.revoked_at.is_(None),
-           _CREDENTIALS.c.id != bindparam("keep"))
-    .values(revoked_at=bindparam("revoked", type_=UTCDateTime))
-    .returning(_CREDENTIALS.c.id)
-)
+_ELICITATIONS: Final = Elicitation.metadata.tables[Elicitation.__tablename__]
+_CLIENTS: Final = Client.metadata.tables[Client.__tablename__]
+# The parts of a capture, each a row of its table, in its parameters' names.
+_PARTS: Final = {"credential": _CREDENTIALS, "opened": audit.TABLE, "completed": audit.TABLE,
+                 "superseded": audit.TABLE, "captured": audit.TABLE, "event": outbox.TABLE}
+
+
+def _completes(parameters: Parameters) -> Update:
+    """The elicitation completed, and stamped opened if it was still pending."""
+    elicitations = _ELICITATIONS.c
+    return update(_ELICITATIONS).values(
+        status=Status.COMPLETED.value,
+        opened_at=func.coalesce(elicitations.opened_at, parameters["at"]),
+        ended_at=parameters["at"])
+
+
+def _still_as_read(parameters: Parameters) -> list[ColumnElement[bool]]:
+    """The guard: the elicitation in the status read, and its time not up."""
+    return [_ELICITATIONS.c.id == parameters["elicitation_id"],
+            _ELICITATIONS.c.status == parameters["from_status"],
+            _ELICITATIONS.c.expires_at > parameters["at"]]
+
+
+def _owners_live_keys(parameters: Parameters) -> list[ColumnElement[bool]]:
+    credentials = _CREDENTIALS.c
+    return [credentials.client_id == parameters["credential__client_id"],
+            credentials.subject_iss == parameters["credential__subject_iss"],
+            credentials.subject_sub == parameters["credential__subject_sub"],
+            credentials.type == parameters["credential__type"],
+            credentials.revoked_at.is_(None)]
+
+
+def _takes_webhooks(parameters: Parameters) -> Exists:
+    return exists(select(_CLIENTS.c.id).where(
+        _CLIENTS.c.id == parameters["credential__client_id"], _CLIENTS.c.webhook_url != ""))
+
+
+def _added(parameters: Parameters, part: str, *where: ColumnElement[bool],
+           source: FromClause | None = None, **given: ColumnElement[Any]) -> Insert:
+    """``INSERT INTO <part's table> SELECT <its row> [FROM source] [WHERE …]``."""
+    table = _PARTS[part]
+    row = parameters.row(table, part, **given)
+    query = select(*row.values()).where(*where)
+    if source is not None:
+        query = query.select_from(source)
+    return insert(table).from_select(list(row), query)
+
+
+def _captured_postgresql(parameters: Parameters) -> Select[Any]:
+    """The capture as a WITH chain, every step made only if the elicitation moved."""
+    moved = (_completes(parameters).where(*_still_as_read(parameters))
+             .returning(_ELICITATIONS.c.id).cte("moved"))
+    # Sibling statements see the database as it was before this one: the
+    # keys revoked here are the owner's live keys, never the one added.
+    superseded = (update(_CREDENTIALS).where(*_owners_live_keys(parameters),
+                                             exists(select(moved.c.id)))
+                  .values(revoked_at=parameters["at"]).returning(_CREDENTIALS.c.id)
+                  .cte("superseded"))
+    steps = [
+        _added(parameters, "opened", parameters["from_status"] == Status.PENDING.value,
+               source=moved),
+        _added(parameters, "completed", source=moved),
+        _added(parameters, "superseded", source=superseded, target=superseded.c.id),
+        _added(parameters, "credential", source=moved),
+        _added(parameters, "captured", source=moved),
+        _added(parameters, "event", _takes_webhooks(parameters), source=moved),
+    ]
+    # Long-polls and the webhook dispatcher are told when the change commits.
+    notified = union_all(*(select(func.pg_notify(changes.CHANNEL, topic)).select_from(moved)
+                           for topic in (lifecycle.CHANGE_TOPIC, outbox.CHANGE_TOPIC))
+                         ).cte("notified")
+    statement = select(moved.c.id, select(func.count()).select_from(notified)
+                       .scalar_subquery().label("notified"))
+    for number, step in enumerate(steps):
+        statement = statement.add_cte(step.cte(f"step_{number}"))
+    return statement
+
+
+def _captured_sqlite(parameters: Parameters) -> list[Any]:
+    """The capture as a trigger's statements, in order, after its guard."""
+    return [
+        refuse_unless(exists(select(_ELICITATIONS.c.id).where(*_still_as_read(parameters)))),
+        _completes(parameters).where(_ELICITATIONS.c.id == parameters["elicitation_id"]),
+        _added(parameters, "opened", parameters["from_status"] == Status.PENDING.value),
+        _added(parameters, "completed"),
+        # Recorded before they are revoked: afterwards they are not told
+        # from the owner's keys revoked before.
+        _added(parameters, "superseded", *_owners_live_keys(parameters), source=_CREDENTIALS,
+               target=_CREDENTIALS.c.id),
+        update(_CREDENTIALS).where(*_owners_live_keys(parameters))
+        .values(revoked_at=parameters["at"]),
+        _added(parameters, "credential"),
+        _added(parameters, "captured"),
+        _added(parameters, "event", _takes_webhooks(parameters)),
+    ]
+
+
+_CAPTURED: Final = PreparedChange(
+    "credential_captured",
+    [Column("elicitation_id", String), Column("from_status", String),
+     Column("at", UTCDateTime),
+     *row_parameters(*_PARTS.values(), prefixes=list(_PARTS))],
+    postgresql=_captured_postgresql, sqlite=_captured_sqlite)
 
 
 def reveal_secret(keyring: Keyring, credential: Credential | SealedCredential) -> str:

@@ -112,7 +112,15 @@ def transition(
 
 def _enqueue_event(session: Session, clock: Clock, elicitation: Elicitation,
                    webhook_url: str | None, extra: dict[str, Any]) -> None:
-    data = {
+    outbox.enqueue(session, clock, elicitation.client_id, webhook_url,
+                   f"elicitation.{elicitation.status}", event_data(elicitation, extra),
+                   elicitation_id=elicitation.id)
+
+
+def event_data(elicitation: Elicitation | ElicitationSnapshot,
+               extra: dict[str, Any]) -> dict[str, Any]:
+    """The ``data`` of the webhook event an elicitation's end sends, as its status now is."""
+    return {
         "elicitation_id": elicitation.id,
         "status": elicitation.status,
         "kind": elicitation.kind,
@@ -120,8 +128,6 @@ def _enqueue_event(session: Session, clock: Clock, elicitation: Elicitation,
         "metadata": elicitation.metadata_,
         **extra,
     }
-    outbox.enqueue(session, clock, elicitation.client_id, webhook_url,
-                   f"elicitation.{elicitation.status}", data, elicitation_id=elicitation.id)
 
 
 # Built once: a transition runs on every open, submit and cancel. Every move

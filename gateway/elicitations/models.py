@@ -66,6 +66,13 @@ class ElicitationSnapshot:
     opened_at: datetime | None
     ended_at: datetime | None
 
+    @classmethod
+    def of(cls, elicitation: Elicitation | ElicitationSnapshot) -> ElicitationSnapshot:
+        """The snapshot of an elicitation as it is now (itself, if it is one)."""
+        if isinstance(elicitation, ElicitationSnapshot):
+            return elicitation
+        return cls(**{field: getattr(elicitation, field) for field in cls.__dataclass_fields__})
+
 
 class IdempotencyRecord(Base):
     """The first answer to a create with an ``Idempotency-Key``, replayed on retries."""
@@ -81,3 +88,4 @@ class IdempotencyRecord(Base):
     status_code: Mapped[int] = mapped_column(Integer)
     response: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+

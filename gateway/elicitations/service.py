@@ -256,6 +256,14 @@ def peek(connection: Connection, client: ClientIdentity,
     return snapshot_of(row, elicitation_id)
 
 
+def peek_any(connection: Connection, elicitation_id: str) -> ElicitationSnapshot | None:
+    """Any client's elicitation as stored, for the portal, which checks whose it is."""
+    if not _ELICITATION_ID.fullmatch(elicitation_id):
+        return None
+    row = _PEEK.first(connection, {"id": elicitation_id})
+    return None if row is None else ElicitationSnapshot(**row._asdict())
+
+
 def snapshot_of(row: Any | None, elicitation_id: str) -> ElicitationSnapshot:
     """The elicitation a read found (by :data:`OWN_ELICITATION` or :func:`peek`), or NotFound."""
     if row is None:

@@ -7,8 +7,9 @@ recorded as ``identity_mismatch``. Only then does anything change.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Final, NoReturn
 
 from flask import Blueprint, current_app, render_template, request
 from sqlalchemy.orm import Session
@@ -22,7 +23,7 @@ from gateway.credentials import verification
 from gateway.credentials.catalog import CredentialType, current_catalog
 from gateway.elicitations import lifecycle, service
 from gateway.elicitations.lifecycle import TERMINAL, Status
-from gateway.elicitations.models import Elicitation
+from gateway.elicitations.models import Elicitation, ElicitationSnapshot
 from gateway.errors import GatewayError, NotFound
 from gateway.identity.sessions import Subject
 from gateway.identity.web import actor_of, current_subject, login_redirect
@@ -46,6 +47,10 @@ ENDED: dict[str, tuple[str, str, str]] = {
     Status.CANCELLED: ("This request was withdrawn", "danger",
                        "The app withdrew this request. Nothing was stored."),
 }
+
+
+NO_SUCH_LINK: Final = ("This link is not valid. Go back to the app that sent it and open its "
+                       "link again.")
 
 
 class WrongAccount(GatewayError):
@@ -95,33 +100,28 @@ def answer(elicitation_id: str) -> Page:
 
 
 def _submit(elicitation_id: str, subject: Subject, secret: str) -> Page:
-    """Check the key, then seal it, store it and complete the elicitation at once."""
-    error: GatewayError | None = None
-    with db.transaction() as session:
-        elicitation = _checked(session, elicitation_id, subject)
-        credential_type = _asked_type(elicitation)
-        asks_service = credential_type is not None and credential_type.check is not None
-        if credential_type is not None and not asks_service:
-            # Nothing to ask an outside service: checked, sealed and stored
-            # in this one transaction (sealed before its first write).
-            error = _capture(session, elicitation, credential_type, secret, subject)
-    if credential_type is not None and asks_service:
-        # Asked outside any transaction: the service may take seconds to answer.
-        error = _verified(credential_type, secret)
-        if error is None:
-            with db.transaction() as session:
-                # Checked again: the elicitation may have ended meanwhile.
-                elicitation = _checked(session, elicitation_id, subject)
-                error = _capture(session, elicitation, credential_type, secret, subject)
+    """Check the key, then seal it, store it and complete the elicitation in one change."""
+    elicitation = _read(elicitation_id, subject)
+    credential_type = _asked_type(elicitation)
+    if credential_type is None:
+        return _ended(elicitation)
+    # Checked outside any transaction: a live check may take seconds.
+    error = _verified(credential_type, secret)
     if error is not None:
-        if elicitation.status not in TERMINAL:
-            with db.transaction() as session:
-                elicitation = _open(session, elicitation_id, subject)
-        return _render(session, elicitation, subject, error=error.detail), error.status
-    return _ended(elicitation)
+        return _refused(elicitation_id, subject, error)
+    credential = credentials.seal_for(current_keyring(), elicitation, credential_type, secret,
+                                      current_clock().now())
+    while not credentials.capture(current_clock(), elicitation, credential,
+                                  actor=actor_of(subject), source_ip=request.remote_addr):
+        # It moved on since it was read: ended (nothing more to store), or
+        # opened in another tab (stored now, as opened). At most twice.
+        elicitation = _read(elicitation_id, subject)
+        if elicitation.status in TERMINAL:
+            return _ended(elicitation)
+    return _ended(replace(elicitation, status=Status.COMPLETED.value))
 
 
-def _asked_type(elicitation: Elicitation) -> CredentialType | None:
+def _asked_type(elicitation: Elicitation | ElicitationSnapshot) -> CredentialType | None:
     """The type of key the elicitation asks for; None once it has ended."""
     if elicitation.status in TERMINAL:
         return None
@@ -145,24 +145,26 @@ def _verified(credential_type: CredentialType, secret: str) -> GatewayError | No
     return None
 
 
-def _capture(session: Session, elicitation: Elicitation, credential_type: CredentialType,
-             secret: str, subject: Subject) -> GatewayError | None:
-    """Seal and store the key in the caller's transaction; what is wrong with it, if anything.
-
-    An ended elicitation stores nothing and is not an error: the page says it
-    has ended.
-    """
+def _refused(elicitation_id: str, subject: Subject, error: GatewayError) -> Page:
+    """The form again, saying what is wrong with the key (never repeating it)."""
+    with db.transaction() as session:
+        elicitation = _open(session, elicitation_id, subject)
     if elicitation.status in TERMINAL:
-        return None
-    try:
-        credential = credentials.seal_for(current_keyring(), elicitation, credential_type,
-                                          secret, current_clock().now())
-    except GatewayError as error:
-        return error
-    _mark_opened(session, elicitation, subject)
-    credentials.capture(session, current_clock(), elicitation, credential,
-                        actor=actor_of(subject), source_ip=request.remote_addr)
-    return None
+        return _ended(elicitation)
+    return _render(session, elicitation, subject, error=error.detail), error.status
+
+
+def _read(elicitation_id: str, subject: Subject) -> ElicitationSnapshot:
+    """As :func:`_checked`, read outside any transaction while nothing needs changing."""
+    elicitation = service.peek_any(db.autocommit(), elicitation_id)
+    if elicitation is None:
+        raise NotFound(NO_SUCH_LINK)
+    if (subject.iss, subject.sub) != (elicitation.subject_iss, elicitation.subject_sub):
+        _refuse(elicitation, subject)
+    if lifecycle.is_overdue(elicitation, current_clock().now()):
+        with db.transaction() as session:  # marked expired
+            return ElicitationSnapshot.of(_checked(session, elicitation_id, subject))
+    return elicitation
 
 
 def _open(session: Session, elicitation_id: str, subject: Subject) -> Elicitation:
@@ -187,15 +189,14 @@ def _checked(session: Session, elicitation_id: str, subject: Subject) -> Elicita
     """The elicitation, if it exists and was made for this subject; expired if overdue."""
     elicitation = session.get(Elicitation, elicitation_id)
     if elicitation is None:
-        raise NotFound("This link is not valid. Go back to the app that sent it and open its "
-                       "link again.")
+        raise NotFound(NO_SUCH_LINK)
     if (subject.iss, subject.sub) != (elicitation.subject_iss, elicitation.subject_sub):
         _refuse(elicitation, subject)
     service.expire_if_overdue(session, current_clock(), elicitation)
     return elicitation
 
 
-def _refuse(elicitation: Elicitation, subject: Subject) -> None:
+def _refuse(elicitation: Elicitation | ElicitationSnapshot, subject: Subject) -> NoReturn:
     # Recorded in a transaction of its own: the refusal stands even though
     # the request's own transaction is rolled back by the error.
     with db.engine().begin() as connection, Session(bind=connection) as record:
@@ -222,7 +223,7 @@ def _render(session: Session, elicitation: Elicitation, subject: Subject,
     return payments.checkout_page(session, context)
 
 
-def _ended(elicitation: Elicitation) -> str:
+def _ended(elicitation: Elicitation | ElicitationSnapshot) -> str:
     heading, tone, text = ENDED[Status(elicitation.status)]
     return render_template("elicitation_ended.html", heading=heading, tone=tone, text=text,
                            client_name=clients.name_of(db.autocommit(), elicitation.client_id))

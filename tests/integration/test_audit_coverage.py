@@ -338,6 +338,13 @@ def _revoked_by_operator(w: World) -> Expected:
     return Expected("credential.revoked", OPERATOR, credential_id, None)
 
 
+@case("credential replaced by a new key from its user")
+def _superseded(w: World) -> Expected:
+    replaced = w.credential()
+    w.credential()
+    return Expected("credential.revoked", w.user("alice"), replaced, USER_IP)
+
+
 @case("revoked credentials purged")
 def _purged(w: World) -> Expected:
     w.cli("credentials", "purge", "--revoked-older-than", "30d")

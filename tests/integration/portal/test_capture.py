@@ -20,8 +20,9 @@ from gateway.clients import service as clients
 from gateway.clients.models import Client
 from gateway.clock import FixedClock, SystemClock
 from gateway.credentials import service as credentials
-from gateway.credentials.catalog import current_catalog
+from gateway.credentials.catalog import CredentialType, current_catalog
 from gateway.credentials.models import Credential
+from gateway.elicitations import service as elicitations
 from gateway.elicitations.models import Elicitation
 from gateway.vault import keyring
 from gateway.vault.keyring import current_keyring
@@ -115,54 +116,141 @@ def test_a_revoked_key_is_never_revealed_again(
 
 
 def test_a_new_key_supersedes_the_old_one(
-    api: Api, alices: Browser, link_for: Callable[..., dict[str, Any]], clock: FixedClock,
+    app: Flask, api: Api, alices: Browser, link_for: Callable[..., dict[str, Any]],
+    clock: FixedClock,
 ) -> None:
     submit(alices, link_for("alice"))
     clock.advance(seconds=1)
     submit(alices, link_for("alice"), secret="wx-live-second-key-000000")
-    everything = api.get("/api/v1/credentials?status=all").get_json()["items"]
-    assert [c["status"] for c in everything] == ["active", "revoked"]
-    revealed = api.post(f"/api/v1/credentials/{everything[0]['id']}/reveal").get_json()
+    new, old = api.get("/api/v1/credentials?status=all").get_json()["items"]
+    assert [new["status"], old["status"]] == ["active", "revoked"]
+    revealed = api.post(f"/api/v1/credentials/{new['id']}/reveal").get_json()
     assert revealed["secret"] == "wx-live-second-key-000000"
+    with app.app_context():
+        [revocation] = db.session().scalars(select(AuditEvent).where(
+            AuditEvent.action == "credential.revoked")).all()
+    assert revocation.target == old["id"]
+    assert revocation.details["reason"] == "superseded"
+    assert revocation.details["superseded_by"] == new["id"]
+
+
+def _capture(app: Flask, clock: FixedClock, link: dict[str, Any], secret: str) -> bool:
+    """Seal and store a key for ``link`` as the page does, from what it read."""
+    with app.app_context():
+        elicitation = elicitations.peek_any(db.autocommit(), link["id"])
+        assert elicitation is not None
+        credential = credentials.seal_for(current_keyring(), elicitation, _generic(), secret,
+                                          clock.now())
+        return credentials.capture(clock, elicitation, credential, actor="user:alice",
+                                   source_ip=None)
+
+
+def _generic() -> CredentialType:
+    generic = current_catalog().get("generic")
+    assert generic is not None
+    return generic
+
+
+def _owner_of(link: dict[str, Any]) -> tuple[str, ...]:
+    """The key the captures of the link's user, client and key type take turns by."""
+    elicitation = elicitations.peek_any(db.autocommit(), link["id"])
+    assert elicitation is not None
+    return credentials.owner_key(elicitation.client_id, elicitation.subject_iss,
+                                 elicitation.subject_sub, "generic")
 
 
 def test_keys_captured_at_the_same_moment_leave_one_live(
     app: Flask, alices: Browser, link_for: Callable[..., dict[str, Any]], clock: FixedClock,
 ) -> None:
-    first, second = link_for("alice"), link_for("alice")
-    for link in (first, second):
-        alices.get(f"/e/{link['id']}")  # opened, as the user's two tabs are
-    first_holds_its_transaction = threading.Event()
-    first_may_commit = threading.Event()
+    links = [link_for("alice") for _ in range(4)]
+    for link in links:
+        alices.get(f"/e/{link['id']}")  # opened, as the user's tabs are
+    # Holding the owner's turn makes the captures start together once it
+    # ends: each must still see the key of the one before it.
+    turn_held, turn_may_end = threading.Event(), threading.Event()
 
-    def capture(link: dict[str, Any], secret: str, hold: bool) -> None:
-        with app.app_context(), db.transaction() as session:
-            elicitation = session.get(Elicitation, link["id"])
-            generic = current_catalog().get("generic")
-            assert elicitation is not None
-            assert generic is not None
-            credential = credentials.seal_for(current_keyring(), elicitation, generic, secret,
-                                              clock.now())
-            credentials.capture(session, clock, elicitation, credential, actor="user:alice",
-                                source_ip=None)
-            if hold:
-                first_holds_its_transaction.set()
-                first_may_commit.wait(10)
+    def hold_the_owners_turn() -> None:
+        with app.app_context(), db.change(*_owner_of(links[0])):
+            turn_held.set()
+            turn_may_end.wait(10)
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        earlier = pool.submit(capture, first, "first-key-0000000000", True)
-        assert first_holds_its_transaction.wait(10)
-        later = pool.submit(capture, second, "second-key-000000000", False)
-        # The later capture waits for the earlier one's commit, not for this.
+    with ThreadPoolExecutor(max_workers=len(links) + 1) as pool:
+        holder = pool.submit(hold_the_owners_turn)
+        assert turn_held.wait(10)
+        captures = [pool.submit(_capture, app, clock, link, f"key-number-{n}-000000000")
+                    for n, link in enumerate(links)]
         time.sleep(0.3)
-        first_may_commit.set()
-        earlier.result(10)
-        later.result(10)
+        turn_may_end.set()
+        holder.result(10)
+        assert all(capture.result(10) for capture in captures)
     with app.app_context():
         stored = db.session().scalars(select(Credential)).all()
-    live = [c for c in stored if c.revoked_at is None]
-    assert len(stored) == 2
-    assert [c.elicitation_id for c in live] == [second["id"]]
+    assert len(stored) == len(links)
+    assert len([c for c in stored if c.revoked_at is None]) == 1
+
+
+def test_a_capture_for_an_elicitation_that_ended_meanwhile_writes_nothing(
+    app: Flask, api: Api, alices: Browser, link_for: Callable[..., dict[str, Any]],
+    clock: FixedClock,
+) -> None:
+    link = link_for("alice")
+    with app.app_context():
+        read = elicitations.peek_any(db.autocommit(), link["id"])
+        assert read is not None
+        credential = credentials.seal_for(current_keyring(), read, _generic(),
+                                          KEY, clock.now())
+    before = everything_stored(app)
+    assert api.post(f"/api/v1/elicitations/{link['id']}/cancel").status_code == 200
+    cancelled = everything_stored(app)
+    with app.app_context():
+        stored = credentials.capture(clock, read, credential, actor="user:alice",
+                                     source_ip=None)
+    assert stored is False
+    assert everything_stored(app) == cancelled != before
+    assert api.get(f"/api/v1/elicitations/{link['id']}").get_json()["status"] == "cancelled"
+
+
+def test_a_capture_after_the_link_expired_writes_nothing(
+    app: Flask, alices: Browser, link_for: Callable[..., dict[str, Any]], clock: FixedClock,
+) -> None:
+    link = link_for("alice", ttl_seconds=60)
+    token = csrf_of(alices.get(f"/e/{link['id']}"))
+    with app.app_context():
+        read = elicitations.peek_any(db.autocommit(), link["id"])
+        assert read is not None
+        credential = credentials.seal_for(current_keyring(), read, _generic(), KEY, clock.now())
+    before = everything_stored(app)
+    clock.advance(seconds=60)  # as if a slow live check ran past the link's end
+    with app.app_context():
+        assert credentials.capture(clock, read, credential, actor="user:alice",
+                                   source_ip=None) is False
+    assert everything_stored(app) == before
+    expired = alices.client.post(f"/e/{link['id']}", data={
+        "csrf_token": token, "action": "submit", "secret": KEY})
+    assert "This link has expired" in expired.get_data(as_text=True)
+    assert everything_stored(app) != before  # marked expired, and nothing else
+    with app.app_context():
+        assert db.session().scalars(select(Credential)).all() == []
+
+
+def test_a_key_submitted_from_a_page_read_before_another_tab_opened_it_is_stored(
+    app: Flask, api: Api, alices: Browser, link_for: Callable[..., dict[str, Any]],
+    clock: FixedClock,
+) -> None:
+    link = link_for("alice")
+    with app.app_context():
+        read = elicitations.peek_any(db.autocommit(), link["id"])
+    assert read is not None
+    assert read.status == "pending"
+    alices.get(f"/e/{link['id']}")  # another tab opens it
+    with app.app_context():
+        credential = credentials.seal_for(current_keyring(), read, _generic(),
+                                          KEY, clock.now())
+        assert credentials.capture(clock, read, credential, actor="user:alice",
+                                   source_ip=None) is False
+    # The page reads it again and stores the key then, as submitting does.
+    assert "This request is complete" in submit(alices, link).get_data(as_text=True)
+    assert api.get(f"/api/v1/elicitations/{link['id']}").get_json()["status"] == "completed"
 
 
 def test_a_second_submit_changes_nothing(
