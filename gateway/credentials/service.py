@@ -148,11 +148,13 @@ def capture(clock: Clock, elicitation: Elicitation | ElicitationSnapshot,
     only if it is still in the status read and its time is not up: False,
     with nothing written, when it has moved on meanwhile (ended, opened in
     another tab, or expired while a live check ran), and the caller reads
-    it again. In the same change: a still-pending
-    elicitation is recorded as opened first, the owner's previous key is
-    revoked (the MCP server must not go on using a key the user has
-    replaced), every step is audited, and the completion's webhook event
-    goes into the outbox if the client takes webhooks.
+    it again.
+
+    In the same change: a still-pending elicitation is recorded as opened
+    first, the owner's previous key is revoked (the MCP server must not go
+    on using a key the user has replaced), every step is audited, and the
+    completion's webhook event goes into the outbox if the client takes
+    webhooks.
     """
     if credential.elicitation_id != elicitation.id:
         raise ValueError("the credential was sealed for another elicitation")

@@ -23,7 +23,7 @@ from gateway.credentials import service as credentials
 from gateway.credentials.catalog import CredentialType, current_catalog
 from gateway.credentials.models import Credential
 from gateway.elicitations import service as elicitations
-from gateway.elicitations.models import Elicitation
+from gateway.elicitations.models import Elicitation, ElicitationSnapshot
 from gateway.vault import keyring
 from gateway.vault.keyring import current_keyring
 from tests.conftest import Api, Registered, client_for
@@ -134,15 +134,26 @@ def test_a_new_key_supersedes_the_old_one(
     assert revocation.details["superseded_by"] == new["id"]
 
 
-def _capture(app: Flask, clock: FixedClock, link: dict[str, Any], secret: str) -> bool:
-    """Seal and store a key for ``link`` as the page does, from what it read."""
+def _read_and_seal(app: Flask, clock: FixedClock, link: dict[str, Any],
+                   secret: str = KEY) -> tuple[ElicitationSnapshot, Credential]:
+    """The link's elicitation as the page reads it, and the key sealed for it."""
     with app.app_context():
-        elicitation = elicitations.peek_any(db.autocommit(), link["id"])
-        assert elicitation is not None
-        credential = credentials.seal_for(current_keyring(), elicitation, _generic(), secret,
+        read = elicitations.peek_any(db.autocommit(), link["id"])
+        assert read is not None
+        return read, credentials.seal_for(current_keyring(), read, _generic(), secret,
                                           clock.now())
-        return credentials.capture(clock, elicitation, credential, actor="user:alice",
+
+
+def _store(app: Flask, clock: FixedClock, read: ElicitationSnapshot,
+           credential: Credential) -> bool:
+    """Store the key as the page does, from what it read; whether it was stored."""
+    with app.app_context():
+        return credentials.capture(clock, read, credential, actor="user:alice",
                                    source_ip=None)
+
+
+def _capture(app: Flask, clock: FixedClock, link: dict[str, Any], secret: str) -> bool:
+    return _store(app, clock, *_read_and_seal(app, clock, link, secret))
 
 
 def _generic() -> CredentialType:
@@ -194,18 +205,11 @@ def test_a_capture_for_an_elicitation_that_ended_meanwhile_writes_nothing(
     clock: FixedClock,
 ) -> None:
     link = link_for("alice")
-    with app.app_context():
-        read = elicitations.peek_any(db.autocommit(), link["id"])
-        assert read is not None
-        credential = credentials.seal_for(current_keyring(), read, _generic(),
-                                          KEY, clock.now())
+    read, credential = _read_and_seal(app, clock, link)
     before = everything_stored(app)
     assert api.post(f"/api/v1/elicitations/{link['id']}/cancel").status_code == 200
     cancelled = everything_stored(app)
-    with app.app_context():
-        stored = credentials.capture(clock, read, credential, actor="user:alice",
-                                     source_ip=None)
-    assert stored is False
+    assert _store(app, clock, read, credential) is False
     assert everything_stored(app) == cancelled != before
     assert api.get(f"/api/v1/elicitations/{link['id']}").get_json()["status"] == "cancelled"
 
@@ -215,15 +219,10 @@ def test_a_capture_after_the_link_expired_writes_nothing(
 ) -> None:
     link = link_for("alice", ttl_seconds=60)
     token = csrf_of(alices.get(f"/e/{link['id']}"))
-    with app.app_context():
-        read = elicitations.peek_any(db.autocommit(), link["id"])
-        assert read is not None
-        credential = credentials.seal_for(current_keyring(), read, _generic(), KEY, clock.now())
+    read, credential = _read_and_seal(app, clock, link)
     before = everything_stored(app)
     clock.advance(seconds=60)  # as if a slow live check ran past the link's end
-    with app.app_context():
-        assert credentials.capture(clock, read, credential, actor="user:alice",
-                                   source_ip=None) is False
+    assert _store(app, clock, read, credential) is False
     assert everything_stored(app) == before
     expired = alices.client.post(f"/e/{link['id']}", data={
         "csrf_token": token, "action": "submit", "secret": KEY})
@@ -238,16 +237,10 @@ def test_a_key_submitted_from_a_page_read_before_another_tab_opened_it_is_stored
     clock: FixedClock,
 ) -> None:
     link = link_for("alice")
-    with app.app_context():
-        read = elicitations.peek_any(db.autocommit(), link["id"])
-    assert read is not None
+    read, credential = _read_and_seal(app, clock, link)
     assert read.status == "pending"
     alices.get(f"/e/{link['id']}")  # another tab opens it
-    with app.app_context():
-        credential = credentials.seal_for(current_keyring(), read, _generic(),
-                                          KEY, clock.now())
-        assert credentials.capture(clock, read, credential, actor="user:alice",
-                                   source_ip=None) is False
+    assert _store(app, clock, read, credential) is False
     # The page reads it again and stores the key then, as submitting does.
     assert "This request is complete" in submit(alices, link).get_data(as_text=True)
     assert api.get(f"/api/v1/elicitations/{link['id']}").get_json()["status"] == "completed"
