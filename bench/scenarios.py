@@ -423,10 +423,10 @@ SESSION_COOKIE = "__Host-gateway_session"
 SECRET = "bench-" + "k" * 40
 # Pending elicitations made for `submit`, one per measured request: enough for
 # the default load (the check, 2 s warm-up and 2 rounds of 10 s on the
-# gateway) at up to 450 submits/s twice over, more than the rate seen on 2
-# cores (300 to 370/s). A run that needs more fails the scenario rather than
+# gateway) at up to 650 submits/s twice over, more than the rate seen on 2
+# cores (550 to 630/s). A run that needs more fails the scenario rather than
 # measure submits to completed elicitations: raise it for longer runs.
-SUBMIT_POOL = 20_000
+SUBMIT_POOL = 30_000
 # API clients the pool is spread over, in turn along the paths. A user's key
 # for one client and type has one owner, and an owner's captures take turns
 # on purpose: the newer one supersedes the older (on PostgreSQL they queue on
