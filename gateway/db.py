@@ -28,6 +28,8 @@ from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.types import TypeDecorator
 
+from gateway import wal
+
 # Stable constraint names, so migrations can alter constraints on both backends.
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -86,6 +88,8 @@ def make_engine(database_url: str, **options: Any) -> Engine:
         engine = create_engine(database_url, **options)
         event.listen(engine, "connect", _tune_sqlite)
         _serialize_sqlite_writers(engine)
+        if _is_sqlite_file(database_url):
+            _keep_wal_small(engine)
         return engine
     options.setdefault("pool_size", 24)
     options.setdefault("max_overflow", 8)
@@ -125,6 +129,15 @@ def _ping_when_idle(engine: Engine) -> None:
 
     event.listen(engine.pool, "checkin", stamp)
     event.listen(engine.pool, "checkout", ping)
+
+
+def _keep_wal_small(engine: Engine) -> None:
+    # Started with the process's first connection to the file: not in a
+    # process that never opens it, and again in each forked worker.
+    def start(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        wal.keep_small(engine, SQLITE_BUSY_TIMEOUT_S)
+
+    event.listen(engine, "connect", start)
 
 
 def _create_private(path: str | None) -> None:
