@@ -13,10 +13,10 @@ So every process that opens the file also runs a keeper thread: once a
 second it looks at the log's size and, past :data:`CHECKPOINT_BYTES`, runs a
 ``TRUNCATE`` checkpoint. That one waits for the readers of the moment (a
 request's worth of milliseconds) and holds new writers back while it copies
-the log into the database, then empties the log. Measured the same way,
-with such a checkpoint every second, the log stayed under 40 MB, each
-checkpoint took up to about 120 ms, and the second round of submits ran as
-fast as the first.
+the log into the database, then empties the log (up to about 120 ms each,
+measured). Measured the same way with the keeper, creates then submits: the
+log peaked at 62 MB, and the two rounds of submits ran at 589/s and 491/s
+(270/s in the second round without it).
 """
 
 from __future__ import annotations
