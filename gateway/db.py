@@ -135,7 +135,7 @@ def _keep_wal_small(engine: Engine) -> None:
     # Started with the process's first connection to the file: not in a
     # process that never opens it, and again in each forked worker.
     def start(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
-        wal.keep_small(engine, SQLITE_BUSY_TIMEOUT_S)
+        wal.keep_small(engine)
 
     event.listen(engine, "connect", start)
 

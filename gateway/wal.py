@@ -36,12 +36,16 @@ log = logging.getLogger(__name__)
 # Past this size the log is emptied: a few seconds of the heaviest writes.
 CHECKPOINT_BYTES: Final = 32 * 1024 * 1024
 CHECK_SECONDS: Final = 1.0
+# How long a checkpoint waits for the other writers and the readers of the
+# moment. Writers are held back while it waits, so never longer than this;
+# past it, the next check tries again.
+BUSY_SECONDS: Final = 0.5
 
 _STARTED: dict[str, int] = {}
 _STARTED_GUARD = threading.Lock()
 
 
-def keep_small(engine: Engine, busy_timeout: float) -> None:
+def keep_small(engine: Engine) -> None:
     """Start this process's keeper of the engine's file, unless one runs already.
 
     Once per process and file: gunicorn's workers are forked, and a thread
@@ -54,7 +58,7 @@ def keep_small(engine: Engine, busy_timeout: float) -> None:
         if _STARTED.get(database) == os.getpid():
             return
         _STARTED[database] = os.getpid()
-    keeper = WalKeeper(database, busy_timeout)
+    keeper = WalKeeper(database, BUSY_SECONDS)
     threading.Thread(target=_keep, args=(keeper, weakref.ref(engine)),
                      name=f"sqlite-wal-keeper {database}", daemon=True).start()
 
@@ -100,8 +104,8 @@ class WalKeeper:
         finally:
             connection.close()
         if busy:
-            # Another process's checkpoint, or a reader that outlasted the
-            # busy timeout: the next check tries again.
+            # Another process's checkpoint, or a reader that outlasted
+            # BUSY_SECONDS: the next check tries again.
             return False
         log.debug("emptied the write-ahead log of %s (%d MB) in %.0f ms", self.database,
                   size // 2**20, (time.monotonic() - started) * 1000)
