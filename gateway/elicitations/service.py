@@ -248,12 +248,10 @@ def peek(connection: Connection, client: ClientIdentity,
     Unlike :func:`get` it leaves an overdue elicitation as it is; the caller
     checks :func:`lifecycle.is_overdue` and calls :func:`get` to mark it.
     """
-    row = None
-    if _ELICITATION_ID.fullmatch(elicitation_id):
-        row = _PEEK.first(connection, {"id": elicitation_id})
-    if row is not None and row.client_id != client.id:
-        row = None
-    return snapshot_of(row, elicitation_id)
+    elicitation = peek_any(connection, elicitation_id)
+    if elicitation is None or elicitation.client_id != client.id:
+        raise NotFound(f"no elicitation {elicitation_id!r}")
+    return elicitation
 
 
 def peek_any(connection: Connection, elicitation_id: str) -> ElicitationSnapshot | None:
@@ -265,7 +263,7 @@ def peek_any(connection: Connection, elicitation_id: str) -> ElicitationSnapshot
 
 
 def snapshot_of(row: Any | None, elicitation_id: str) -> ElicitationSnapshot:
-    """The elicitation a read found (by :data:`OWN_ELICITATION` or :func:`peek`), or NotFound."""
+    """The elicitation a read found (by :data:`OWN_ELICITATION`), or NotFound."""
     if row is None:
         raise NotFound(f"no elicitation {elicitation_id!r}")
     return ElicitationSnapshot(**row._asdict())
