@@ -9,6 +9,7 @@ from flask import Flask
 from flask_wtf.csrf import CSRFProtect
 
 from gateway import db, resources, web
+from gateway.clients.service import ClientNames
 from gateway.clock import Clock, SystemClock
 from gateway.credentials import api as credentials_api
 from gateway.credentials import views as account
@@ -80,6 +81,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.json.sort_keys = False  # type: ignore[attr-defined]  # keep documented field order
     app.extensions["gateway.settings"] = settings
     app.extensions["gateway.clock"] = clock or SystemClock()
+    app.extensions["gateway.client_names"] = ClientNames()
     app.extensions["gateway.stripe"] = stripe or stripe_gateway.from_settings(settings)
     app.jinja_env.globals["public_host"] = settings.public_host
     # Not url_for: error pages render even when the request's host was refused

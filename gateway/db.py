@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from flask import Flask, current_app, g
-from sqlalchemy import Connection, DateTime, Engine, MetaData, create_engine, event, text
+from sqlalchemy import Connection, DateTime, Engine, MetaData, create_engine, event
 from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
@@ -363,44 +363,6 @@ def transaction() -> Iterator[Session]:
     except BaseException:
         current.rollback()
         raise
-
-
-def serialize(session: Session, *key: str) -> None:
-    """Make the transactions that name the same ``key`` run one after another from here.
-
-    The lock is held until the session's transaction ends, so what the
-    transaction reads after this call includes every change committed by
-    another transaction that named the key first. PostgreSQL: an advisory
-    lock on the key's hash (two keys that share a hash only wait for each
-    other more than needed). SQLite takes no lock here: writers run one at a
-    time and a transaction sees the database as of its first write, so the
-    caller reads what the lock guards after it has written (an UPDATE …
-    WHERE does both at once).
-    """
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(_ADVISORY_LOCK, {"key": "\x1f".join(key)})
-
-
-@contextmanager
-def change(*key: str) -> Iterator[Connection]:
-    """A connection for a change that is one statement, taking turns by ``key``.
-
-    What the statement reads includes every change committed before it by
-    another that named the same key. SQLite: the request's autocommit
-    connection, since a statement there runs with the one write lock
-    held, alone, and commits as it ends. PostgreSQL: a transaction that
-    first takes the key's lock (see :func:`serialize`), and commits when the
-    block ends.
-    """
-    if engine().dialect.name == "sqlite":
-        yield autocommit()
-        return
-    with transaction() as current:
-        serialize(current, *key)
-        yield current.connection()
-
-
-_ADVISORY_LOCK: Final = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
 
 
 def _close_session(error: BaseException | None) -> None:

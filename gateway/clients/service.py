@@ -219,6 +219,25 @@ def name_of(connection: Connection, client_id: str) -> str:
     return name
 
 
+class ClientNames:
+    """Clients' registered names by id, each read from the database once.
+
+    A client's name is set when it is registered and never changes, and
+    pages show it on almost every answer: a process keeps the names it has
+    read (as many as there are clients) instead of reading one per page.
+    """
+
+    def __init__(self) -> None:
+        self._names: dict[str, str] = {}
+
+    def of(self, connection: Connection, client_id: str) -> str:
+        """The client's name, read on first use."""
+        name = self._names.get(client_id)
+        if name is None:
+            name = self._names[client_id] = name_of(connection, client_id)
+        return name
+
+
 def webhook_url_of(connection: Connection, client_id: str) -> str | None:
     """Where the client's webhooks go; None when it takes none."""
     url: str | None = _WEBHOOK_URL.one(connection, {"client_id": client_id}).webhook_url

@@ -17,9 +17,10 @@ class Credential(SealedColumns, Base):
     __tablename__ = "credentials"
     __table_args__ = (
         Index("ix_credentials_owner", "client_id", "subject_iss", "subject_sub", "type"),
-        # The live credential of an owner, found without reading the revoked ones.
+        # An owner's one live credential, found without reading the revoked
+        # ones; the database refuses a second.
         Index("ix_credentials_live_owner", "client_id", "subject_iss", "subject_sub", "type",
-              sqlite_where=text("revoked_at IS NULL"),
+              unique=True, sqlite_where=text("revoked_at IS NULL"),
               postgresql_where=text("revoked_at IS NULL")),
     )
 

@@ -33,6 +33,7 @@ from sqlalchemy import (
     union_all,
     update,
 )
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gateway import changes, db
@@ -154,7 +155,10 @@ def capture(clock: Clock, elicitation: Elicitation | ElicitationSnapshot,
     first, the owner's previous key is revoked (the MCP server must not go
     on using a key the user has replaced), every step is audited, and the
     completion's webhook event goes into the outbox if the client takes
-    webhooks.
+    webhooks. The change is one statement on the request's autocommit
+    connection, so it is its own transaction. Of two captures for one owner
+    at once, the database refuses the second's key while the first's is
+    live; the second then runs again and revokes it.
     """
     if credential.elicitation_id != elicitation.id:
         raise ValueError("the credential was sealed for another elicitation")
@@ -185,19 +189,34 @@ def capture(clock: Clock, elicitation: Elicitation | ElicitationSnapshot,
                                   lifecycle.event_data(completed, {"credential": summary}),
                                   elicitation_id=elicitation.id),
     }
-    # Two captures for one owner at once must not both stay live: each
-    # takes its turn, and then sees the key of the one before it.
-    with db.change(*owner_key(credential.client_id, credential.subject_iss,
-                              credential.subject_sub, credential.type)) as connection:
-        return _CAPTURED.run(connection, {
-            "elicitation_id": elicitation.id, "from_status": elicitation.status,
-            "at": clock.now(), **prefixed(rows)})
+    parameters = {"elicitation_id": elicitation.id, "from_status": elicitation.status,
+                  "at": clock.now(), **prefixed(rows)}
+    for _ in range(_OWNER_RACES):
+        try:
+            return _CAPTURED.run(db.autocommit(), parameters)
+        except IntegrityError as error:
+            # The database keeps one live key per owner: another capture for
+            # the same owner committed its key while this one ran, so this
+            # one wrote nothing. Run again, now revoking that key.
+            if not _another_live_key(error):
+                raise
+    raise Conflict("this key could not be stored while other keys of the same kind were "
+                   "being stored for you; submit it again")
 
 
-def owner_key(client_id: str, subject_iss: str, subject_sub: str,
-              type_id: str) -> tuple[str, ...]:
-    """What the captures of one user's key of one type for one client take turns by."""
-    return ("credential-owner", client_id, subject_iss, subject_sub, type_id)
+# How many times a capture runs again when another capture for the same
+# owner committed first: each rerun means another key was stored meanwhile.
+_OWNER_RACES: Final = 5
+_LIVE_OWNER_INDEX: Final = "ix_credentials_live_owner"
+
+
+def _another_live_key(error: IntegrityError) -> bool:
+    """Whether the error is the database refusing a second live key for an owner."""
+    diagnostics = getattr(error.orig, "diag", None)  # PostgreSQL
+    if diagnostics is not None:
+        return bool(diagnostics.constraint_name == _LIVE_OWNER_INDEX)
+    # SQLite names the index's columns.
+    return "UNIQUE constraint failed: credentials.client_id" in str(error.orig)
 
 
 _CREDENTIALS: Final = Credential.metadata.tables[Credential.__tablename__]
@@ -264,7 +283,10 @@ def _captured_postgresql(parameters: Parameters) -> Select[Any]:
                source=moved),
         _added(parameters, "completed", source=moved),
         _added(parameters, "superseded", source=superseded, target=superseded.c.id),
-        _added(parameters, "credential", source=moved),
+        # After the revocation: the index of live keys is checked as each
+        # row is written, and would refuse the new key while the old one is
+        # still live. Reading the revoked keys' ids makes that UPDATE run first.
+        _added(parameters, "credential", _count(superseded) >= 0, source=moved),
         _added(parameters, "captured", source=moved),
         _added(parameters, "event", _takes_webhooks(parameters), source=moved),
     ]
@@ -272,11 +294,14 @@ def _captured_postgresql(parameters: Parameters) -> Select[Any]:
     notified = union_all(*(select(func.pg_notify(changes.CHANNEL, topic)).select_from(moved)
                            for topic in (lifecycle.CHANGE_TOPIC, outbox.CHANGE_TOPIC))
                          ).cte("notified")
-    statement = select(moved.c.id, select(func.count()).select_from(notified)
-                       .scalar_subquery().label("notified"))
+    statement = select(moved.c.id, _count(notified).label("notified"))
     for number, step in enumerate(steps):
         statement = statement.add_cte(step.cte(f"step_{number}"))
     return statement
+
+
+def _count(rows: FromClause) -> ColumnElement[int]:
+    return select(func.count()).select_from(rows).scalar_subquery()
 
 
 def _captured_sqlite(parameters: Parameters) -> list[Any]:

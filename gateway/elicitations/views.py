@@ -17,7 +17,6 @@ from werkzeug.wrappers import Response
 
 from gateway import db
 from gateway.audit import service as audit
-from gateway.clients import service as clients
 from gateway.credentials import service as credentials
 from gateway.credentials import verification
 from gateway.credentials.catalog import CredentialType, current_catalog
@@ -30,7 +29,7 @@ from gateway.identity.web import actor_of, current_subject, login_redirect
 from gateway.pagination import timestamp
 from gateway.payments import pages as payments
 from gateway.vault.keyring import current_keyring
-from gateway.web.context import current_clock
+from gateway.web.context import client_name, current_clock
 from gateway.webhooks.http import OutboundPolicy
 
 blueprint = Blueprint("portal", __name__)
@@ -211,7 +210,7 @@ def _render(session: Session, elicitation: Elicitation, subject: Subject,
             error: str | None = None) -> str:
     context: dict[str, Any] = {
         "elicitation": elicitation, "subject": subject, "error": error,
-        "client_name": clients.name_of(db.autocommit(), elicitation.client_id),
+        "client_name": client_name(elicitation.client_id),
         "expires_iso": timestamp(elicitation.expires_at),
         "expires_text": _expiry_text(elicitation.expires_at, current_clock().now()),
     }
@@ -226,7 +225,7 @@ def _render(session: Session, elicitation: Elicitation, subject: Subject,
 def _ended(elicitation: Elicitation | ElicitationSnapshot) -> str:
     heading, tone, text = ENDED[Status(elicitation.status)]
     return render_template("elicitation_ended.html", heading=heading, tone=tone, text=text,
-                           client_name=clients.name_of(db.autocommit(), elicitation.client_id))
+                           client_name=client_name(elicitation.client_id))
 
 
 def _expiry_text(expires_at: datetime, now: datetime) -> str:

@@ -14,8 +14,6 @@ from typing import Any
 from flask import render_template
 from sqlalchemy.orm import Session
 
-from gateway import db
-from gateway.clients import service as clients
 from gateway.elicitations.lifecycle import OPEN
 from gateway.elicitations.models import Elicitation
 from gateway.payments import service
@@ -23,6 +21,7 @@ from gateway.payments.currencies import format_amount
 from gateway.payments.models import Payment
 from gateway.payments.service import PaymentStatus
 from gateway.payments.stripe_gateway import CHECKOUT_ORIGIN
+from gateway.web.context import client_name
 from gateway.web.headers import csp_allow_here
 
 HEADINGS = {PaymentStatus.PAID: "Payment received",
@@ -67,5 +66,5 @@ def outcome_page(elicitation: Elicitation, payment: Payment) -> str:
     heading = HEADINGS.get(PaymentStatus(payment.status), "Not paid")
     return render_template("payment_outcome.html", status=payment.status, amount=amount,
                            heading=heading,
-                           client_name=clients.name_of(db.autocommit(), elicitation.client_id),
+                           client_name=client_name(elicitation.client_id),
                            elicitation=elicitation, can_retry=can_retry)

@@ -13,6 +13,8 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from gateway import db
 from gateway.audit.models import AuditEvent
@@ -162,42 +164,54 @@ def _generic() -> CredentialType:
     return generic
 
 
-def _owner_of(link: dict[str, Any]) -> tuple[str, ...]:
-    """The key the captures of the link's user, client and key type take turns by."""
-    elicitation = elicitations.peek_any(db.autocommit(), link["id"])
-    assert elicitation is not None
-    return credentials.owner_key(elicitation.client_id, elicitation.subject_iss,
-                                 elicitation.subject_sub, "generic")
-
-
 def test_keys_captured_at_the_same_moment_leave_one_live(
     app: Flask, alices: Browser, link_for: Callable[..., dict[str, Any]], clock: FixedClock,
 ) -> None:
     links = [link_for("alice") for _ in range(4)]
     for link in links:
         alices.get(f"/e/{link['id']}")  # opened, as the user's tabs are
-    # Holding the owner's turn makes the captures start together once it
-    # ends: each must still see the key of the one before it.
-    turn_held, turn_may_end = threading.Event(), threading.Event()
+    # Another key for the same owner, written but not committed while the
+    # captures start: each must end up seeing it, and the others' keys.
+    written, may_commit = threading.Event(), threading.Event()
 
-    def hold_the_owners_turn() -> None:
-        with app.app_context(), db.change(*_owner_of(links[0])):
-            turn_held.set()
-            turn_may_end.wait(10)
+    def store_a_key_in_a_transaction_left_open() -> str:
+        _, credential = _read_and_seal(app, clock, links[0], "key-held-open-000000000")
+        with app.app_context(), db.engine().begin() as connection, \
+                Session(bind=connection) as session:
+            session.add(credential)
+            session.flush()
+            written.set()
+            may_commit.wait(10)
+        return credential.id
 
-    with ThreadPoolExecutor(max_workers=len(links) + 1) as pool:
-        holder = pool.submit(hold_the_owners_turn)
-        assert turn_held.wait(10)
+    with ThreadPoolExecutor(max_workers=len(links)) as pool:
+        held = pool.submit(store_a_key_in_a_transaction_left_open)
+        assert written.wait(10)
         captures = [pool.submit(_capture, app, clock, link, f"key-number-{n}-000000000")
-                    for n, link in enumerate(links)]
+                    for n, link in enumerate(links[1:])]
         time.sleep(0.3)
-        turn_may_end.set()
-        holder.result(10)
+        may_commit.set()
+        held_id = held.result(10)
         assert all(capture.result(10) for capture in captures)
     with app.app_context():
         stored = db.session().scalars(select(Credential)).all()
     assert len(stored) == len(links)
     assert len([c for c in stored if c.revoked_at is None]) == 1
+    assert next(c for c in stored if c.id == held_id).revoked_at is not None
+
+
+def test_the_database_refuses_a_second_live_key_for_an_owner(
+    app: Flask, alices: Browser, link_for: Callable[..., dict[str, Any]], clock: FixedClock,
+) -> None:
+    first, second = (_read_and_seal(app, clock, link_for("alice"), f"key-{n}-000000000000")[1]
+                     for n in (1, 2))
+    with app.app_context():
+        session = db.session()
+        session.add(first)
+        session.commit()
+        session.add(second)
+        with pytest.raises(IntegrityError, match=r"ix_credentials_live_owner|UNIQUE"):
+            session.commit()
 
 
 def test_a_capture_for_an_elicitation_that_ended_meanwhile_writes_nothing(
