@@ -429,9 +429,10 @@ SECRET = "bench-" + "k" * 40
 SUBMIT_POOL = 30_000
 # API clients the pool is spread over, in turn along the paths. A user's key
 # for one client and type has one owner, and an owner's captures take turns
-# on purpose: the newer one supersedes the older (on PostgreSQL they queue on
-# a lock until the other commits). Real load spreads over many users and
-# apps; one owner for every submit would measure that queue instead.
+# on purpose: the newer one supersedes the older (on PostgreSQL, of two at
+# once the second is refused by the index of live keys and runs again).
+# Real load spreads over many users and apps; one owner for every submit
+# would measure those reruns instead.
 SUBMIT_CLIENTS = 16
 # The submit client's webhook: an event per completion goes to the outbox, as
 # for any client with a webhook; nothing delivers it during the bench.
