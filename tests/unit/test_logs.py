@@ -38,13 +38,22 @@ def start_logging(make_settings: Callable[..., Settings]) -> Iterator[Start]:
     yield start
     for handler in [h for h in root.handlers if h.name == logs.HANDLER_NAME]:
         root.removeHandler(handler)
+        handler.close()
     root.setLevel(level)
     logging.getLogger("alembic").setLevel(logging.NOTSET)
 
 
+def written(stream: io.StringIO) -> str:
+    """What the gateway's handler has written to the buffer, once it wrote all it queued."""
+    for handler in logging.getLogger().handlers:
+        if handler.name == logs.HANDLER_NAME:
+            handler.flush()
+    return stream.getvalue()
+
+
 def json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
     """Every line of the buffer, each of which must be one JSON object."""
-    return [json.loads(line) for line in stream.getvalue().splitlines()]
+    return [json.loads(line) for line in written(stream).splitlines()]
 
 
 def boom(app: Flask, message: str) -> None:
@@ -70,7 +79,7 @@ def test_a_json_line_has_the_documented_fields(start_logging: Start) -> None:
 def test_user_text_cannot_start_a_line_of_its_own(start_logging: Start, log_format: str) -> None:
     stream = start_logging(log_format)
     logging.getLogger("gateway.identity").warning("login failed for %s", FORGED)
-    output = stream.getvalue()
+    output = written(stream)
     # str.splitlines also breaks at U+2028 and friends, as some log viewers do.
     assert len(output.splitlines()) == 1
     assert "\x1b" not in output
@@ -86,7 +95,7 @@ def test_the_level_setting_filters(start_logging: Start) -> None:
     stream = start_logging("text", level="warning")
     logging.getLogger("gateway").info("routine")
     logging.getLogger("gateway").warning("worth a look")
-    [line] = stream.getvalue().splitlines()
+    [line] = written(stream).splitlines()
     assert line.endswith("WARNING gateway: worth a look")
 
 
@@ -100,7 +109,7 @@ def test_an_app_error_is_logged_with_the_request_id_of_its_problem_response(
     assert response.status_code == 500
     request_id = response.get_json()["request_id"]
     assert request_id == response.headers["X-Request-Id"]
-    output = stream.getvalue()
+    output = written(stream)
     assert "canary-in-query" not in output
     if log_format == "json":
         [line] = [line for line in json_lines(stream) if line["logger"] == "gateway.web.errors"]
