@@ -5,9 +5,12 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
+import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 import pytest
 from flask import Flask
@@ -43,12 +46,12 @@ def start_logging(make_settings: Callable[..., Settings]) -> Iterator[Start]:
     logging.getLogger("alembic").setLevel(logging.NOTSET)
 
 
-def written(stream: io.StringIO) -> str:
+def written(stream: TextIO) -> str:
     """What the gateway's handler has written to the buffer, once it wrote all it queued."""
     for handler in logging.getLogger().handlers:
         if handler.name == logs.HANDLER_NAME:
             handler.flush()
-    return stream.getvalue()
+    return stream.getvalue() if isinstance(stream, io.StringIO) else ""
 
 
 def json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
@@ -146,3 +149,46 @@ def test_configuring_again_replaces_the_handler_and_keeps_others(
     ours = [h for h in logging.getLogger().handlers if h.name == logs.HANDLER_NAME]
     assert len(ours) == 1
     assert "once" in caplog.text  # pytest's own capture is still there
+
+
+def test_lines_logged_by_many_threads_at_once_are_all_written_whole(
+    start_logging: Start,
+) -> None:
+    stream = start_logging("json")
+
+    def log_lines(thread: int) -> None:
+        for number in range(200):
+            logging.getLogger("gateway.test").info("line", extra={"sender": thread,
+                                                                  "number": number})
+
+    threads = [threading.Thread(target=log_lines, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    lines = json_lines(stream)
+    assert sorted((line["sender"], line["number"]) for line in lines) == [
+        (t, n) for t in range(8) for n in range(200)]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_process_writes_its_own_lines(
+    start_logging: Start, make_settings: Callable[..., Settings], tmp_path: Path,
+) -> None:
+    # gunicorn sets up logging, then forks its workers: a worker's lines
+    # must still be written, though no thread survives a fork.
+    start_logging("text")  # the fixture puts the root logger back afterwards
+    log_file = tmp_path / "forked.log"
+    with log_file.open("w") as output:
+        logs.configure(make_settings(GATEWAY_LOG_FORMAT="text"), output)
+        logging.getLogger("gateway.test").warning("from the parent")
+        written(output)
+        child = os.fork()
+        if child == 0:
+            logging.getLogger("gateway.test").warning("from the child")
+            written(output)
+            os._exit(0)
+        os.waitpid(child, 0)
+    text = log_file.read_text()
+    assert "from the parent" in text
+    assert "from the child" in text
