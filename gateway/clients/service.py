@@ -12,7 +12,7 @@ import base64
 import re
 import secrets
 from collections import namedtuple
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -230,11 +230,11 @@ class ClientNames:
     def __init__(self) -> None:
         self._names: dict[str, str] = {}
 
-    def of(self, connection: Connection, client_id: str) -> str:
-        """The client's name, read on first use."""
+    def of(self, client_id: str, connection: Callable[[], Connection]) -> str:
+        """The client's name, read on first use on the connection ``connection()`` gives."""
         name = self._names.get(client_id)
         if name is None:
-            name = self._names[client_id] = name_of(connection, client_id)
+            name = self._names[client_id] = name_of(connection(), client_id)
         return name
 
 
