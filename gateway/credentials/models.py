@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Final
 
 from sqlalchemy import ForeignKey, Index, String, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gateway.db import Base, UTCDateTime
 from gateway.vault.models import SealedColumns
+
+# The index that holds each owner's one live credential; the database
+# refuses a second, and a capture tells that refusal by this name.
+LIVE_OWNER_INDEX: Final = "ix_credentials_live_owner"
 
 
 class Credential(SealedColumns, Base):
@@ -19,7 +24,7 @@ class Credential(SealedColumns, Base):
         Index("ix_credentials_owner", "client_id", "subject_iss", "subject_sub", "type"),
         # An owner's one live credential, found without reading the revoked
         # ones; the database refuses a second.
-        Index("ix_credentials_live_owner", "client_id", "subject_iss", "subject_sub", "type",
+        Index(LIVE_OWNER_INDEX, "client_id", "subject_iss", "subject_sub", "type",
               unique=True, sqlite_where=text("revoked_at IS NULL"),
               postgresql_where=text("revoked_at IS NULL")),
     )

@@ -42,7 +42,7 @@ from gateway.clients.models import Client
 from gateway.clients.service import OwnedLookup
 from gateway.clock import Clock
 from gateway.credentials.catalog import CredentialType
-from gateway.credentials.models import Credential
+from gateway.credentials.models import LIVE_OWNER_INDEX, Credential
 from gateway.db import UTCDateTime
 from gateway.elicitations import lifecycle
 from gateway.elicitations.lifecycle import OPEN, Status
@@ -207,14 +207,13 @@ def capture(clock: Clock, elicitation: Elicitation | ElicitationSnapshot,
 # How many times a capture runs again when another capture for the same
 # owner committed first: each rerun means another key was stored meanwhile.
 _OWNER_RACES: Final = 5
-_LIVE_OWNER_INDEX: Final = "ix_credentials_live_owner"
 
 
 def _another_live_key(error: IntegrityError) -> bool:
     """Whether the error is the database refusing a second live key for an owner."""
     diagnostics = getattr(error.orig, "diag", None)  # PostgreSQL
     if diagnostics is not None:
-        return bool(diagnostics.constraint_name == _LIVE_OWNER_INDEX)
+        return bool(diagnostics.constraint_name == LIVE_OWNER_INDEX)
     # SQLite names the index's columns.
     return "UNIQUE constraint failed: credentials.client_id" in str(error.orig)
 
