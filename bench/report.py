@@ -100,6 +100,17 @@ class ScenarioResult:
             "p99_ms": gateway.p99_ms / bare.p99_ms,
         }
 
+    def round_ratios(self) -> list[float]:
+        """gateway/bare requests/s of each round, whose two runs came one after the other.
+
+        On a shared machine, someone else's burst of work slows whichever
+        target runs at that moment: the rounds' ratios lying far apart say
+        that the ratio of the means above is no better than that range.
+        """
+        gateway, bare = self.targets["gateway"].runs, self.targets["bare"].runs
+        return [g.requests_per_second / b.requests_per_second
+                for g, b in zip(gateway, bare, strict=True)]
+
     def as_json(self) -> dict[str, Any]:
         """The scenario as plain JSON values.
 
@@ -113,6 +124,7 @@ class ScenarioResult:
         if self.measured:
             result["targets"] = {name: t.as_json() for name, t in self.targets.items()}
             result["ratio_gateway_to_bare"] = {k: round(v, 4) for k, v in self.ratios().items()}
+            result["ratio_per_round"] = [round(r, 4) for r in self.round_ratios()]
         return result
 
 
@@ -157,9 +169,17 @@ def _scenario_rows(result: ScenarioResult) -> list[tuple[str, ...]]:
                      f"{target.p50_ms:.2f}", f"{target.p99_ms:.2f}", _held_cell(target),
                      target.problems))
     ratios = result.ratios()
-    rows.append(("", "gateway/bare", f"{ratios['requests_per_second']:.2f}x", "",
+    rows.append(("", "gateway/bare", f"{ratios['requests_per_second']:.2f}x",
+                 _round_range(result.round_ratios()),
                  f"{ratios['p50_ms']:.2f}x", f"{ratios['p99_ms']:.2f}x", "", ""))
     return rows
+
+
+def _round_range(ratios: list[float]) -> str:
+    """The rounds' ratios as "lowest-highest", or "-" for a single round."""
+    if len(ratios) < 2:
+        return "-"
+    return f"{min(ratios):.2f}-{max(ratios):.2f}"
 
 
 def _held_cell(target: TargetResult) -> str:

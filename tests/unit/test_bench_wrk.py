@@ -38,14 +38,19 @@ Transfer/sec:    523.74KB
 """
 
 
-@pytest.fixture(scope="module")
-def wrk() -> ModuleType:
-    """bench/wrk.py, imported the way the runner imports it (bench/ on the path)."""
+def _bench_module(name: str) -> ModuleType:
+    """A module of bench/, imported the way the runner imports it (bench/ on the path)."""
     sys.path.insert(0, str(BENCH))
     try:
-        return importlib.import_module("wrk")
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(BENCH))
+
+
+@pytest.fixture(scope="module")
+def wrk() -> ModuleType:
+    """bench/wrk.py."""
+    return _bench_module("wrk")
 
 
 def test_the_report_is_read_in_wrks_units(wrk: ModuleType) -> None:
@@ -92,6 +97,25 @@ def test_the_script_sets_method_headers_and_body(wrk: ModuleType) -> None:
     assert 'wrk.headers["Authorization"] = "Bearer t"' in script
     assert 'wrk.body = "{\\034a\\034:1}"' in script
     assert "function" not in script  # a static request: no Lua runs per request
+
+
+def _report_at(wrk: ModuleType, rate: float) -> object:
+    return wrk.parse(REPORT.replace("Requests/sec:   3150.65", f"Requests/sec:   {rate}"))
+
+
+def test_the_table_shows_how_far_the_rounds_ratios_lie_apart(wrk: ModuleType) -> None:
+    report = _bench_module("report")
+    result = report.ScenarioResult("read", "", "GET", "/x")
+    # Round 1: the bare app slowed by someone else's work while it ran.
+    for bare, gateway in ((1500.0, 1200.0), (3000.0, 1500.0)):
+        result.targets["bare"].runs.append(_report_at(wrk, bare))
+        result.targets["gateway"].runs.append(_report_at(wrk, gateway))
+    assert result.ratios()["requests_per_second"] == pytest.approx(0.6)
+    assert result.round_ratios() == [pytest.approx(0.8), pytest.approx(0.5)]
+    ratio_row = next(line for line in report.table([result]).splitlines()
+                     if "gateway/bare" in line)
+    assert ratio_row.split()[1:3] == ["0.60x", "0.50-0.80"]
+    assert result.as_json()["ratio_per_round"] == [0.8, 0.5]
 
 
 def test_the_bare_app_does_not_import_the_gateway() -> None:
