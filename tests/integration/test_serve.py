@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import os
 import socket
 import ssl
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -112,6 +115,85 @@ def test_port_in_use_stops_with_one_line(run_gateway: Callable[..., Result]) -> 
         result = run_gateway("serve", "--port", str(port))
     assert result.code == 1
     assert result.stderr.strip() == f"Error: port {port} on 127.0.0.1 is already in use"
+
+
+def test_a_second_server_on_a_running_gateways_port_is_refused(
+    start_server: Callable[..., Server], run_gateway: Callable[..., Result],
+) -> None:
+    # The workers' sockets let other sockets share their port (SO_REUSEPORT);
+    # a second instance must not silently take half of the first's connections.
+    server = start_server("--no-worker")
+    result = run_gateway("serve", "--port", str(server.port), "--no-worker")
+    assert result.code == 1
+    assert result.stderr.strip() == f"Error: port {server.port} on 127.0.0.1 is already in use"
+
+
+def test_connections_are_spread_over_the_workers(
+    start_server: Callable[..., Server], instance_path: Path,
+) -> None:
+    server = start_server("--workers", "2", "--no-worker")
+    workers = _workers_listening(server, count=2)
+    listening = {pid: _sockets_of(pid) & _port_sockets(server.port, _LISTEN) for pid in workers}
+    # A socket of its own in each worker, none shared and none in the master:
+    # the kernel, not a race between the workers, picks each connection's worker.
+    assert all(len(inodes) == 1 for inodes in listening.values()), listening
+    assert len(set.union(*listening.values())) == 2
+    assert not _sockets_of(server.process.pid) & _port_sockets(server.port, _LISTEN)
+
+    # Kept open, as a client's pool of connections is: with 16, all on one
+    # worker would happen by chance once in 32,768 runs.
+    context = tls_context(dev_certificate_paths(instance_path)[0])
+    connections = [http.client.HTTPSConnection("localhost", server.port, timeout=10,
+                                                context=context) for _ in range(16)]
+    try:
+        for connection in connections:
+            connection.request("GET", "/healthz", headers={"Host": "localhost"})
+            assert connection.getresponse().read()
+        held = {pid: len(_sockets_of(pid) & _port_sockets(server.port, _ESTABLISHED))
+                for pid in workers}
+    finally:
+        for connection in connections:
+            connection.close()
+    assert sum(held.values()) == 16
+    assert all(held.values()), held
+
+
+_LISTEN, _ESTABLISHED = "0A", "01"
+
+
+def _workers_listening(server: Server, count: int, timeout: float = 30) -> list[int]:
+    """The server's worker processes, once ``count`` of them listen on its port."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{server.process.pid}/task/{server.process.pid}/children")
+        workers = [int(pid) for pid in children.read_text().split()]
+        listening = _port_sockets(server.port, _LISTEN)
+        if len(workers) == count and all(_sockets_of(pid) & listening for pid in workers):
+            return workers
+        time.sleep(0.1)
+    raise AssertionError(f"{count} workers did not start listening:\n{server.output()}")
+
+
+def _port_sockets(port: int, state: str) -> set[str]:
+    """Inodes of the TCP sockets on this local port in this state (/proc/net/tcp's codes)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == state:
+                inodes.add(fields[9])
+    return inodes
+
+
+def _sockets_of(pid: int) -> set[str]:
+    """Inodes of the sockets process ``pid`` has open."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    return inodes
 
 
 def test_missing_certificate_file_stops_with_one_line(run_gateway: Callable[..., Result],
