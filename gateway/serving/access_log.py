@@ -25,6 +25,14 @@ class GatewayLogger(glogging.Logger):  # type: ignore[misc]
                 log.removeHandler(handler)
             log.propagate = True
 
+    def info(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        # Each worker listens on a socket of its own (reuse_port), so the
+        # master has none, and gunicorn would announce "Listening at:  (pid)"
+        # with an empty address. The gateway logs where it serves itself.
+        if msg.startswith("Listening at:") and args and not args[0]:
+            return
+        super().info(msg, *args, **kwargs)
+
     def access(self, resp: Any, req: Any, environ: dict[str, Any],
                request_time: timedelta) -> None:
         """One line per request: no query string (tokens hide there), no header, no body."""

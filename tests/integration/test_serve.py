@@ -139,6 +139,9 @@ def test_connections_are_spread_over_the_workers(
     assert all(len(inodes) == 1 for inodes in listening.values()), listening
     assert len(set.union(*listening.values())) == 2
     assert not _sockets_of(server.process.pid) & _port_sockets(server.port, _LISTEN)
+    # The log names the address served, and no empty one for the master.
+    assert f"on https://127.0.0.1:{server.port}" in server.output()
+    assert "Listening at:" not in server.output()
 
     # Kept open, as a client's pool of connections is: with 16, all on one
     # worker would happen by chance once in 32,768 runs.
