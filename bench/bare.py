@@ -1,9 +1,11 @@
 """The baseline: a bare Flask app answering every scenario's path, under the gateway's gunicorn.
 
-Run as ``python bench/bare.py CONFIG.json``, where the file holds the gunicorn
-settings the runner computed for the gateway (only the bind port differs).
-Same workers, threads, TLS certificate and access log: whatever separates the
-two targets' numbers is the gateway's own code.
+Run as ``python bench/bare.py CONFIG.json [--floor DATABASE]``, where the
+file holds the gunicorn settings the runner computed for the gateway (only
+the bind port differs). Same workers, threads, TLS certificate and access
+log: whatever separates the two targets' numbers is the gateway's own code.
+With ``--floor``, each scenario's view first makes the database statements
+of the scenario's floor (see floor.py).
 
 It imports Flask, gunicorn and the scenarios, never the gateway: the baseline
 would no longer be bare.
@@ -11,24 +13,40 @@ would no longer be bare.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from flask import Flask
+from floor import FloorDatabase, check_steps, with_floor
 from gunicorn.app.base import BaseApplication
 from scenarios import SCENARIOS, View
 
 
-def create_app() -> Flask:
-    """A Flask app with each scenario's bare view (and held request's) on its rule."""
+def create_app(floor: FloorDatabase | None = None) -> Flask:
+    """A Flask app with each scenario's bare view (and held request's) on its rule.
+
+    With ``floor``, each scenario's view makes its floor's statements there
+    first, and so does a held request answered by the same view: the
+    gateway's long-polls, too, check their token and read before they wait.
+    """
     app = Flask("bare")
+    floored: dict[View, View] = {}
+    for scenario in SCENARIOS.values():
+        if floor is not None and scenario.floor:
+            check_steps(scenario.name, scenario.floor)
+            # Scenarios may share a bare view; they then share its floor too.
+            floored.setdefault(scenario.bare_view,
+                               with_floor(scenario.bare_view, scenario.floor, floor))
     views: dict[str, View] = {}
     for scenario in SCENARIOS.values():
-        _add(app, views, scenario.rule, scenario.bare_view, scenario.name)
+        view = scenario.bare_view
+        _add(app, views, scenario.rule, floored.get(view, view), scenario.name)
         if scenario.hold:
-            _add(app, views, scenario.hold.rule, scenario.hold.bare_view, f"{scenario.name}-hold")
+            held = scenario.hold.bare_view
+            _add(app, views, scenario.hold.rule, floored.get(held, held),
+                 f"{scenario.name}-hold")
     return app
 
 
@@ -48,8 +66,9 @@ def _add(app: Flask, views: dict[str, View], rule: str, view: View, endpoint: st
 class BareServer(BaseApplication):  # type: ignore[misc]
     """gunicorn with a given settings dict, loading the bare app in each worker."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: dict[str, Any], floor: FloorDatabase | None = None) -> None:
         self._config = config
+        self._floor = floor
         super().__init__()
 
     def load_config(self) -> None:
@@ -59,16 +78,24 @@ class BareServer(BaseApplication):  # type: ignore[misc]
                 self.cfg.set(key, value)
 
     def load(self) -> Flask:
-        return create_app()
+        return create_app(self._floor)
 
 
-def main(argv: list[str]) -> None:
-    """Serve the bare app with the gunicorn settings in the JSON file ``argv[1]``."""
-    if len(argv) != 2:
-        sys.exit("usage: bare.py GUNICORN_CONFIG.json")
-    config = json.loads(Path(argv[1]).read_text())
-    BareServer(config).run()
+def main(argv: list[str] | None = None) -> None:
+    """Serve the bare app with the gunicorn settings of a JSON file, with a floor or not."""
+    parser = argparse.ArgumentParser(description="The benchmark's bare Flask app.")
+    parser.add_argument("config", type=Path, help="the gunicorn settings, as JSON")
+    parser.add_argument("--floor", metavar="DATABASE",
+                        help="make each scenario's floor statements first, on sqlite:PATH "
+                             "or postgresql://… (see floor.py)")
+    args = parser.parse_args(argv)
+    config = json.loads(args.config.read_text())
+    floor = None
+    if args.floor:
+        floor = FloorDatabase(args.floor)
+        floor.create_table()
+    BareServer(config, floor).run()
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    main()

@@ -12,6 +12,8 @@ from hold import HoldStats, combine
 from wrk import Report
 
 TARGETS = ("bare", "gateway")
+# The bare app making the scenario's database statements (run.py --floor, floor.py).
+FLOOR = "floor"
 
 
 @dataclass(slots=True)
@@ -88,28 +90,33 @@ class ScenarioResult:
 
     @property
     def measured(self) -> bool:
-        """Both targets have at least one run."""
+        """Every target has at least one run."""
         return self.error is None and all(t.runs for t in self.targets.values())
 
-    def ratios(self) -> dict[str, float]:
-        """gateway/bare for requests/s (below 1: slower) and latencies (above 1: slower)."""
-        gateway, bare = self.targets["gateway"], self.targets["bare"]
+    @property
+    def has_floor(self) -> bool:
+        """The floor was measured beside the other two."""
+        return FLOOR in self.targets
+
+    def ratios(self, against: str = "bare") -> dict[str, float]:
+        """gateway/``against`` for requests/s (below 1: slower) and latencies (above 1: slower)."""
+        gateway, other = self.targets["gateway"], self.targets[against]
         return {
-            "requests_per_second": gateway.requests_per_second / bare.requests_per_second,
-            "p50_ms": gateway.p50_ms / bare.p50_ms,
-            "p99_ms": gateway.p99_ms / bare.p99_ms,
+            "requests_per_second": gateway.requests_per_second / other.requests_per_second,
+            "p50_ms": gateway.p50_ms / other.p50_ms,
+            "p99_ms": gateway.p99_ms / other.p99_ms,
         }
 
-    def round_ratios(self) -> list[float]:
-        """gateway/bare requests/s of each round, whose two runs came one after the other.
+    def round_ratios(self, against: str = "bare") -> list[float]:
+        """gateway/``against`` requests/s of each round, whose runs came one after the other.
 
         On a shared machine, someone else's burst of work slows whichever
         target runs at that moment: the rounds' ratios lying far apart say
         that the ratio of the means above is no better than that range.
         """
-        gateway, bare = self.targets["gateway"].runs, self.targets["bare"].runs
-        return [g.requests_per_second / b.requests_per_second
-                for g, b in zip(gateway, bare, strict=True)]
+        gateway, other = self.targets["gateway"].runs, self.targets[against].runs
+        return [g.requests_per_second / o.requests_per_second
+                for g, o in zip(gateway, other, strict=True)]
 
     def as_json(self) -> dict[str, Any]:
         """The scenario as plain JSON values.
@@ -125,6 +132,11 @@ class ScenarioResult:
             result["targets"] = {name: t.as_json() for name, t in self.targets.items()}
             result["ratio_gateway_to_bare"] = {k: round(v, 4) for k, v in self.ratios().items()}
             result["ratio_per_round"] = [round(r, 4) for r in self.round_ratios()]
+            if self.has_floor:
+                result["ratio_gateway_to_floor"] = {
+                    k: round(v, 4) for k, v in self.ratios(FLOOR).items()}
+                result["ratio_to_floor_per_round"] = [
+                    round(r, 4) for r in self.round_ratios(FLOOR)]
         return result
 
 
@@ -141,7 +153,7 @@ def header(facts: dict[str, str]) -> str:
 
 
 def table(results: list[ScenarioResult]) -> str:
-    """The results table: one row per target, then the ratio gateway/bare."""
+    """The results table: one row per target, then the ratios gateway/bare (and /floor)."""
     rows: list[tuple[str, ...]] = [_COLUMNS]
     notes: list[str] = []
     for result in results:
@@ -161,17 +173,17 @@ def _scenario_rows(result: ScenarioResult) -> list[tuple[str, ...]]:
         reason = (result.error or "not measured").splitlines()[0]
         return [(result.name, "FAILED", "", "", "", "", "", reason)]
     rows: list[tuple[str, ...]] = []
-    for name in TARGETS:
-        target = result.targets[name]
+    for name, target in result.targets.items():
         spread = "-" if target.spread is None else f"{target.spread:.1%}"
-        rows.append((result.name if name == TARGETS[0] else "", name,
+        rows.append(("" if rows else result.name, name,
                      f"{target.requests_per_second:,.0f}", spread,
                      f"{target.p50_ms:.2f}", f"{target.p99_ms:.2f}", _held_cell(target),
                      target.problems))
-    ratios = result.ratios()
-    rows.append(("", "gateway/bare", f"{ratios['requests_per_second']:.2f}x",
-                 _round_range(result.round_ratios()),
-                 f"{ratios['p50_ms']:.2f}x", f"{ratios['p99_ms']:.2f}x", "", ""))
+    for against in ("bare", FLOOR) if result.has_floor else ("bare",):
+        ratios = result.ratios(against)
+        rows.append(("", f"gateway/{against}", f"{ratios['requests_per_second']:.2f}x",
+                     _round_range(result.round_ratios(against)),
+                     f"{ratios['p50_ms']:.2f}x", f"{ratios['p99_ms']:.2f}x", "", ""))
     return rows
 
 
@@ -201,8 +213,8 @@ def _held_cell(target: TargetResult) -> str:
 def _held_notes(result: ScenarioResult) -> list[str]:
     if not result.measured or not result.targets["gateway"].holds:
         return []
-    return [f"{result.name}, held requests on {name}: "
-            f"{combine(result.targets[name].holds).summary()}" for name in TARGETS]
+    return [f"{result.name}, held requests on {name}: {combine(target.holds).summary()}"
+            for name, target in result.targets.items()]
 
 
 def write_json(path: Path, facts: dict[str, Any], config: dict[str, Any],

@@ -3,12 +3,14 @@
     .venv/bin/python bench/run.py [--database sqlite|postgres] [--scenario NAME ...]
                                   [--duration S] [--connections N] [--wrk-threads N]
                                   [--workers N] [--threads N] [--rounds N] [--warmup S]
-                                  [--hold N] [--json PATH]
+                                  [--hold N] [--floor] [--json PATH]
 
 One run starts both servers from scratch, measures every chosen scenario on
 each with wrk (alternating targets, so drift hits both alike), prints the
-table and writes the JSON results. It is a benchmark, not a test: numbers
-depend on the machine, and nothing here fails on a slow result.
+table and writes the JSON results. With ``--floor``, a third target, the bare
+app making each scenario's database statements (floor.py), shows how much of
+the gap to the bare app no implementation could close. It is a benchmark, not
+a test: numbers depend on the machine, and nothing here fails on a slow result.
 """
 
 from __future__ import annotations
@@ -105,6 +107,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds of unmeasured load per target first (default 2)")
     parser.add_argument("--hold", type=int, metavar="N",
                         help="held requests for scenarios that hold some (0: none)")
+    parser.add_argument("--floor", action="store_true",
+                        help="also measure the bare app making each scenario's database "
+                             "statements (floor.py): the most any implementation of them "
+                             "could reach")
     parser.add_argument("--json", type=Path, metavar="PATH",
                         help="where to write the results (default bench/results/<time>.json)")
     args = parser.parse_args(argv)
@@ -169,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gateway-bench-")))
         database_url = stack.enter_context(servers.scratch_database(args.database))
         gateway, targets, config = stack.enter_context(
-            _targets(folder, database_url, args.workers, args.threads))
+            _targets(folder, database_url, args.workers, args.threads, floor=args.floor))
         facts = machine_facts(args, load, wrk.version(wrk_path),
                               servers.describe_database(database_url))
         print(report.header(facts), end="\n\n", flush=True)
@@ -183,12 +189,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _targets(folder: Path, database_url: str | None, workers: int,
-             threads: int) -> Iterator[tuple[Gateway, dict[str, Target], dict[str, Any]]]:
-    """Both servers started on one gunicorn config (bind port aside); stopped afterwards."""
+def _targets(folder: Path, database_url: str | None, workers: int, threads: int, *,
+             floor: bool) -> Iterator[tuple[Gateway, dict[str, Target], dict[str, Any]]]:
+    """The servers started on one gunicorn config (bind port aside); stopped afterwards.
+
+    With ``floor``, a second bare app besides, making each scenario's floor
+    statements on the gateway's database (PostgreSQL) or a file beside it.
+    """
     instance = folder / "instance"
     gateway_port = servers.free_port()
-    bare_port = servers.free_port(besides=gateway_port)
+    bare_port = servers.free_port(gateway_port)
+    floor_port = servers.free_port(gateway_port, bare_port)
     environ = servers.scratch_environ(instance, gateway_port, database_url)
     _progress("creating the scratch instance (gateway init, gateway db upgrade)")
     servers.init_instance(environ, folder)
@@ -204,15 +215,27 @@ def _targets(folder: Path, database_url: str | None, workers: int,
                                              gateway.cafile))
         targets = {"bare": Target("bare", bare_port, gateway.cafile),
                    "gateway": Target("gateway", gateway_port, gateway.cafile)}
+        if floor:
+            _progress(f"starting the bare app with the database floor on port {floor_port}")
+            floor_config = servers.server_config(
+                environ, dataclasses.replace(options, port=floor_port))
+            stack.enter_context(servers.run_bare(
+                floor_config, floor_port, folder, environ, gateway.cafile, name=report.FLOOR,
+                floor=servers.floor_database(folder, database_url)))
+            targets[report.FLOOR] = Target(report.FLOOR, floor_port, gateway.cafile)
         yield gateway, targets, config
 
 
 def measure(scenario: Scenario, gateway: Gateway, targets: dict[str, Target], load: Load,
             wrk_path: str, folder: Path) -> report.ScenarioResult:
     """Both targets under the scenario's load, alternating; a failure fails this one only."""
+    # The floor only where the scenario makes statements: else it is the bare app again.
+    targets = {name: target for name, target in targets.items()
+               if name != report.FLOOR or scenario.floor}
     result = report.ScenarioResult(name=scenario.name, description=scenario.description,
                                    method=scenario.request.method,
-                                   path=scenario.request.path)
+                                   path=scenario.request.path,
+                                   targets={name: report.TargetResult() for name in targets})
     try:
         request = scenario.prepare(gateway)
         held = scenario.hold.prepare(gateway) if scenario.hold else None
@@ -224,7 +247,7 @@ def measure(scenario: Scenario, gateway: Gateway, targets: dict[str, Target], lo
         script.write_text(wrk.lua_script(request))
         # With request.paths, each run starts where the last one against the
         # same target stopped; the check above used the first path.
-        pool = _Pool(request, load.threads)
+        pool = _Pool(request, load.threads, tuple(targets))
         if load.warmup:
             for target in targets.values():
                 _progress(f"{scenario.name}: warm-up on {target.name}")
@@ -233,8 +256,8 @@ def measure(scenario: Scenario, gateway: Gateway, targets: dict[str, Target], lo
                     connections=load.connections, threads=load.threads,
                     args=pool.args(target.name)))
         for number in range(load.rounds):
-            # Alternate which target goes first, so neither always runs warmer.
-            order = report.TARGETS if number % 2 == 0 else report.TARGETS[::-1]
+            # Alternate which target goes first, so none always runs warmer.
+            order = list(targets) if number % 2 == 0 else list(targets)[::-1]
             for name in order:
                 run, stats = _measured_run(scenario, targets[name], request, held, script,
                                            load, wrk_path, pool.args(name))
@@ -261,10 +284,10 @@ class _Pool:
     around the list, which changes nothing there).
     """
 
-    def __init__(self, request: Request, threads: int) -> None:
+    def __init__(self, request: Request, threads: int, targets: tuple[str, ...]) -> None:
         self._request = request
         self._threads = threads
-        self._next = dict.fromkeys(report.TARGETS, 1 if request.paths else 0)
+        self._next = dict.fromkeys(targets, 1 if request.paths else 0)
         # Gateway requests answered (wrk's count, the check's one included) and sent.
         self._answered = 1
         self._sent = 1
@@ -353,6 +376,8 @@ def machine_facts(args: argparse.Namespace, load: Load, wrk_version: str,
         "load": f"{wrk_version}, {load.threads} threads, {load.connections} connections, "
                 f"{load.duration} s per run",
         "rounds": f"{load.rounds} per target, alternating, after {load.warmup} s warm-up",
+        "floor": "the bare app making each scenario's database statements (floor.py)"
+                 if args.floor else "not measured (--floor)",
     }
 
 

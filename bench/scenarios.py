@@ -186,6 +186,9 @@ class Scenario:
     # the last run, how many of them the gateway has used up, counted on the
     # gateway. The runner checks it against the answers wrk counted.
     consumed: Callable[[Gateway], int] | None = None
+    # The database statements the gateway makes for this request, in order,
+    # each "read" or "write" (see floor.py); none for a request without any.
+    floor: tuple[str, ...] = ()
 
     @property
     def rule(self) -> str:
@@ -395,6 +398,8 @@ register(Scenario(
     expected_status=201,
     setup=_create_setup,
     hold=_held_long_polls("bench-create-held"),
+    # The token's look-up; the elicitation with its audit row, one statement.
+    floor=("read", "write"),
 ))
 
 register(Scenario(
@@ -406,6 +411,8 @@ register(Scenario(
     setup=_read_setup,
     bare_rule=_ELICITATION_RULE,
     hold=_held_long_polls("bench-read-held"),
+    # The token's look-up, which reads the elicitation in the same statement.
+    floor=("read",),
 ))
 
 
@@ -600,6 +607,9 @@ register(Scenario(
     bare_view=_reveal_bare,
     setup=_reveal_setup,
     bare_rule=f"{CREDENTIALS}/<credential_id>/reveal",
+    # The token's look-up, which reads the key in the same statement; the
+    # audit row, committed on its own (concurrent reveals share the commit).
+    floor=("read", "write"),
 ))
 
 
@@ -726,4 +736,7 @@ register(Scenario(
     setup=_submit_pool.setup,
     bare_rule="/e/<elicitation_id>",
     consumed=_submit_pool.consumed,
+    # The browser session; the elicitation; the change (key, elicitation,
+    # audit and outbox rows), one statement.
+    floor=("read", "read", "write"),
 ))

@@ -72,13 +72,13 @@ class Server:
         return "\n".join(lines[-count:]) or "(no output)"
 
 
-def free_port(besides: int | None = None) -> int:
-    """A port nothing listens on right now (and not ``besides``, taken but not yet bound)."""
+def free_port(*besides: int) -> int:
+    """A port nothing listens on right now (and none of ``besides``, taken but not yet bound)."""
     while True:
         with socket.socket() as probe:
             probe.bind((HOST, 0))
             port: int = probe.getsockname()[1]
-        if port != besides:
+        if port not in besides:
             return port
 
 
@@ -193,15 +193,31 @@ def server_config(environ: dict[str, str], options: Options) -> dict[str, Any]:
 
 @contextmanager
 def run_bare(config: dict[str, Any], port: int, folder: Path, environ: dict[str, str],
-             cafile: Path) -> Iterator[Server]:
-    """The bare app under ``config`` (the gateway's gunicorn settings, bound to ``port``)."""
-    config_file = folder / "bare-gunicorn.json"
+             cafile: Path, *, name: str = "bare", floor: str | None = None) -> Iterator[Server]:
+    """The bare app under ``config`` (the gateway's gunicorn settings, bound to ``port``).
+
+    ``floor``: where its views make their scenario's floor statements (see
+    :func:`floor_database`); ``name`` tells its files and messages apart.
+    """
+    config_file = folder / f"{name}-gunicorn.json"
     config_file.write_text(json.dumps(config, indent=2))
-    command = (sys.executable, str(BARE_SCRIPT), str(config_file))
-    with _started("bare", command, environ, folder, port) as server:
+    command = (sys.executable, str(BARE_SCRIPT), str(config_file),
+               *(("--floor", floor) if floor else ()))
+    with _started(name, command, environ, folder, port) as server:
         # Any answer will do: the bare app has no health route of its own.
         _wait_until_answering(server, cafile, Request("GET", "/"), expect=None)
         yield server
+
+
+def floor_database(folder: Path, database_url: str | None) -> str:
+    """Where the floor's statements run: the gateway's PostgreSQL database, or a
+    SQLite file of its own beside the gateway's instance (same disk, same settings).
+    """
+    if database_url is None:
+        return f"sqlite:{folder / 'floor.db'}"
+    # The driver's own form of the URL: the floor uses psycopg, not SQLAlchemy.
+    return make_url(database_url).set(drivername="postgresql").render_as_string(
+        hide_password=False)
 
 
 # --- processes ----------------------------------------------------------------

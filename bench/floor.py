@@ -1,0 +1,171 @@
+"""The database floor: the bare app doing a scenario's database work, and nothing else.
+
+The bare app touches no database, so part of what separates the gateway
+from it is the database work no implementation can skip: checking a token
+is a read, storing an elicitation is a write that commits. With ``--floor``
+the runner starts the bare app a second time, with every scenario's view
+first running the statements its :attr:`Scenario.floor` names, straight on
+the driver (no ORM, no SQLAlchemy), on the same database as the gateway's
+(its own table in it). A scenario's floor is the statements the gateway
+makes for it, each at its cheapest: that target's rate is the most an
+implementation making those round trips could reach on this machine, and
+gateway/floor says how far the gateway's own code is from it.
+
+The statements are the cheapest of their kind:
+
+- ``read``: a look-up by primary key of a one-row table;
+- ``write``: an INSERT of one short row, committed on its own (PostgreSQL's
+  commit waits for its log to reach the disk, as the gateway's do; SQLite
+  runs with the gateway's settings, WAL and ``synchronous=NORMAL``).
+
+Each process keeps a pool of connections, as the gateway does. Like
+:mod:`scenarios`, this module must not import the gateway.
+"""
+
+from __future__ import annotations
+
+import functools
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Final, Protocol
+
+from flask.typing import ResponseReturnValue
+
+STEPS: Final = frozenset({"read", "write"})
+# Connections per process: the gateway's pool starts at 24 to 32, but the
+# load (32 connections over 2 processes) never needs more than this at once.
+POOL_SIZE: Final = 16
+# How long a request waits for a pooled connection before it fails.
+POOL_TIMEOUT_S: Final = 30.0
+# The statements, written out for each driver's parameter style.
+_SQLITE_SQL: Final = {
+    "create": "CREATE TABLE IF NOT EXISTS bench_floor "
+              "(id INTEGER PRIMARY KEY, value TEXT NOT NULL)",
+    "read": "SELECT id, value FROM bench_floor WHERE id = ?",
+    "write": "INSERT INTO bench_floor (value) VALUES (?)",
+}
+_POSTGRES_SQL: Final = {
+    "create": "CREATE TABLE IF NOT EXISTS bench_floor "
+              "(id BIGSERIAL PRIMARY KEY, value TEXT NOT NULL)",
+    "read": "SELECT id, value FROM bench_floor WHERE id = %s",
+    "write": "INSERT INTO bench_floor (value) VALUES (%s)",
+}
+SQLITE_PREFIX: Final = "sqlite:"
+POSTGRES_PREFIX: Final = "postgresql://"
+
+
+class DriverConnection(Protocol):
+    def execute(self, sql: str, parameters: Sequence[Any] = ()) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+class FloorDatabase:
+    """Where the floor's statements run: a SQLite file or a PostgreSQL database.
+
+    ``target`` is ``sqlite:PATH`` or a libpq URI (``postgresql://…``).
+    """
+
+    def __init__(self, target: str) -> None:
+        if target.startswith(SQLITE_PREFIX):
+            self._connect: Callable[[], DriverConnection] = functools.partial(
+                _sqlite, target.removeprefix(SQLITE_PREFIX))
+            self._sql = _SQLITE_SQL
+        elif target.startswith(POSTGRES_PREFIX):
+            self._connect = functools.partial(_postgres, target)
+            self._sql = _POSTGRES_SQL
+        else:
+            raise ValueError(f"the floor's database is sqlite:PATH or postgresql://…, "
+                             f"not {target.split(':')[0]!r}")
+        self._pool: queue.LifoQueue[DriverConnection] = queue.LifoQueue()
+        self._opened = 0
+        self._opening = threading.Lock()
+
+    def create_table(self) -> None:
+        """The floor's table with the one row the reads find; once, before serving.
+
+        On a connection of its own, closed after: the server forks its
+        workers after this, and a connection must not be shared by two.
+        """
+        connection = self._connect()
+        try:
+            connection.execute(self._sql["create"])
+            connection.execute(self._sql["write"], ("the row every read finds",))
+        finally:
+            connection.close()
+
+    def run(self, steps: Sequence[str]) -> None:
+        """Run ``steps`` in order on one pooled connection, each statement on its own."""
+        with self._connection() as connection:
+            for step in steps:
+                if step == "read":
+                    connection.execute(self._sql["read"], (1,)).fetchone()
+                else:
+                    connection.execute(self._sql["write"], ("floor",))
+
+    def close(self) -> None:
+        """Close the pooled connections (those in use are closed as they come back)."""
+        while True:
+            try:
+                self._pool.get_nowait().close()
+            except queue.Empty:
+                return
+
+    @contextmanager
+    def _connection(self) -> Iterator[DriverConnection]:
+        try:
+            connection = self._pool.get_nowait()
+        except queue.Empty:
+            connection = self._open_or_wait()
+        try:
+            yield connection
+        finally:
+            self._pool.put(connection)
+
+    def _open_or_wait(self) -> DriverConnection:
+        with self._opening:
+            opens = self._opened < POOL_SIZE
+            self._opened += opens
+        if opens:
+            return self._connect()
+        return self._pool.get(timeout=POOL_TIMEOUT_S)
+
+
+def _sqlite(path: str) -> DriverConnection:
+    # Autocommit, and the gateway's settings; the gateway waits up to 30 s
+    # for SQLite's write lock too.
+    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                                 timeout=30.0)
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("PRAGMA synchronous=NORMAL")
+    return connection
+
+
+def _postgres(uri: str) -> DriverConnection:
+    import psycopg  # only when measuring PostgreSQL: the SQLite runs need no driver
+
+    connection: DriverConnection = psycopg.connect(uri, autocommit=True)
+    return connection
+
+
+def check_steps(scenario: str, steps: Sequence[str]) -> None:
+    """Refuse a scenario whose floor names a statement this module does not run."""
+    unknown = [step for step in steps if step not in STEPS]
+    if unknown:
+        raise ValueError(f"scenario {scenario!r}: unknown floor step(s) {unknown}; "
+                         f"the steps are {sorted(STEPS)}")
+
+
+def with_floor(view: Callable[..., ResponseReturnValue], steps: Sequence[str],
+               database: FloorDatabase) -> Callable[..., ResponseReturnValue]:
+    """``view``, after running ``steps`` on ``database``."""
+
+    @functools.wraps(view)
+    def floored(**variables: Any) -> ResponseReturnValue:
+        database.run(steps)
+        return view(**variables)
+
+    return floored
