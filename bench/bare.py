@@ -7,8 +7,8 @@ log: whatever separates the two targets' numbers is the gateway's own code.
 With ``--floor``, each scenario's view first makes the database statements
 of the scenario's floor (see floor.py).
 
-It imports Flask, gunicorn and the scenarios, never the gateway: the baseline
-would no longer be bare.
+It imports Flask, gunicorn, the scenarios and the floor, never the gateway:
+the baseline would no longer be bare.
 """
 
 from __future__ import annotations

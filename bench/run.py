@@ -228,7 +228,7 @@ def _targets(folder: Path, database_url: str | None, workers: int, threads: int,
 
 def measure(scenario: Scenario, gateway: Gateway, targets: dict[str, Target], load: Load,
             wrk_path: str, folder: Path) -> report.ScenarioResult:
-    """Both targets under the scenario's load, alternating; a failure fails this one only."""
+    """Every target under the scenario's load, alternating; a failure fails this one only."""
     # The floor only where the scenario makes statements: else it is the bare app again.
     targets = {name: target for name, target in targets.items()
                if name != report.FLOOR or scenario.floor}
