@@ -107,7 +107,7 @@ class FloorDatabase:
                     connection.execute(self._sql["write"], ("floor",))
 
     def close(self) -> None:
-        """Close the pooled connections (those in use are closed as they come back)."""
+        """Close the pooled connections; once no request runs, that is all of them."""
         while True:
             try:
                 self._pool.get_nowait().close()
@@ -129,9 +129,14 @@ class FloorDatabase:
         with self._opening:
             opens = self._opened < POOL_SIZE
             self._opened += opens
-        if opens:
+        if not opens:
+            return self._pool.get(timeout=POOL_TIMEOUT_S)
+        try:
             return self._connect()
-        return self._pool.get(timeout=POOL_TIMEOUT_S)
+        except BaseException:
+            with self._opening:  # a connection that failed to open takes no place
+                self._opened -= 1
+            raise
 
 
 def _sqlite(path: str) -> DriverConnection:
