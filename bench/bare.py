@@ -1,11 +1,14 @@
 """The baseline: a bare Flask app answering every scenario's path, under the gateway's gunicorn.
 
-Run as ``python bench/bare.py CONFIG.json [--floor DATABASE]``, where the
-file holds the gunicorn settings the runner computed for the gateway (only
-the bind port differs). Same workers, threads, TLS certificate and access
-log: whatever separates the two targets' numbers is the gateway's own code.
-With ``--floor``, each scenario's view first makes the database statements
-of the scenario's floor (see floor.py).
+Run as ``python bench/bare.py CONFIG.json``, where the file holds the
+gunicorn settings the runner computed for the gateway (only the bind port
+differs). Same workers, threads, TLS certificate and access log: whatever
+separates the two targets' numbers is the gateway's own code. With
+``BENCH_FLOOR_DATABASE`` in its environment (``sqlite:PATH`` or
+``postgresql://…``), each scenario's view first makes the database
+statements of the scenario's floor there (see floor.py); in the
+environment, not on the command line, where any user of the machine could
+read a password in the URL.
 
 It imports Flask, gunicorn, the scenarios and the floor, never the gateway:
 the baseline would no longer be bare.
@@ -15,11 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from flask import Flask
-from floor import FloorDatabase, check_steps, with_floor
+from floor import ENVIRONMENT, FloorDatabase, check_steps, with_floor
 from gunicorn.app.base import BaseApplication
 from scenarios import SCENARIOS, View
 
@@ -82,17 +86,14 @@ class BareServer(BaseApplication):  # type: ignore[misc]
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Serve the bare app with the gunicorn settings of a JSON file, with a floor or not."""
+    """Serve the bare app with the gunicorn settings of a JSON file; a floor if one is set."""
     parser = argparse.ArgumentParser(description="The benchmark's bare Flask app.")
     parser.add_argument("config", type=Path, help="the gunicorn settings, as JSON")
-    parser.add_argument("--floor", metavar="DATABASE",
-                        help="make each scenario's floor statements first, on sqlite:PATH "
-                             "or postgresql://… (see floor.py)")
     args = parser.parse_args(argv)
     config = json.loads(args.config.read_text())
     floor = None
-    if args.floor:
-        floor = FloorDatabase(args.floor)
+    if target := os.environ.get(ENVIRONMENT):
+        floor = FloorDatabase(target)
         floor.create_table()
     BareServer(config, floor).run()
 

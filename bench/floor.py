@@ -35,6 +35,8 @@ from typing import Any, Final, Protocol
 from flask.typing import ResponseReturnValue
 
 STEPS: Final = frozenset({"read", "write"})
+# Where the floor server finds its database (see bare.py).
+ENVIRONMENT: Final = "BENCH_FLOOR_DATABASE"
 # Connections per process: the gateway's pool starts at 24 to 32, but the
 # load (32 connections over 2 processes) never needs more than this at once.
 POOL_SIZE: Final = 16

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from floor import ENVIRONMENT as FLOOR_ENVIRONMENT
 from scenarios import Gateway, Request, send
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
@@ -201,8 +202,11 @@ def run_bare(config: dict[str, Any], port: int, folder: Path, environ: dict[str,
     """
     config_file = folder / f"{name}-gunicorn.json"
     config_file.write_text(json.dumps(config, indent=2))
-    command = (sys.executable, str(BARE_SCRIPT), str(config_file),
-               *(("--floor", floor) if floor else ()))
+    command = (sys.executable, str(BARE_SCRIPT), str(config_file))
+    # Set for the floor server only, whatever the runner's own environment holds.
+    environ = {name: value for name, value in environ.items() if name != FLOOR_ENVIRONMENT}
+    if floor:
+        environ[FLOOR_ENVIRONMENT] = floor
     with _started(name, command, environ, folder, port) as server:
         # Any answer will do: the bare app has no health route of its own.
         _wait_until_answering(server, cafile, Request("GET", "/"), expect=None)
