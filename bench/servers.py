@@ -204,7 +204,7 @@ def run_bare(config: dict[str, Any], port: int, folder: Path, environ: dict[str,
     config_file.write_text(json.dumps(config, indent=2))
     command = (sys.executable, str(BARE_SCRIPT), str(config_file))
     # Set for the floor server only, whatever the runner's own environment holds.
-    environ = {name: value for name, value in environ.items() if name != FLOOR_ENVIRONMENT}
+    environ = {key: value for key, value in environ.items() if key != FLOOR_ENVIRONMENT}
     if floor:
         environ[FLOOR_ENVIRONMENT] = floor
     with _started(name, command, environ, folder, port) as server:
@@ -214,8 +214,10 @@ def run_bare(config: dict[str, Any], port: int, folder: Path, environ: dict[str,
 
 
 def floor_database(folder: Path, database_url: str | None) -> str:
-    """Where the floor's statements run: the gateway's PostgreSQL database, or a
-    SQLite file of its own beside the gateway's instance (same disk, same settings).
+    """Where the floor's statements run, as ``bench/floor.py`` takes it.
+
+    The gateway's PostgreSQL database, or a SQLite file of its own beside the
+    gateway's instance (same disk, same settings).
     """
     if database_url is None:
         return f"sqlite:{folder / 'floor.db'}"
