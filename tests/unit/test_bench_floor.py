@@ -6,9 +6,7 @@ Flask views, as the floor server runs them under load.
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -19,18 +17,14 @@ from flask.testing import FlaskClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.bench_modules import bench_module
 
 
 @pytest.fixture(scope="module")
-def bench() -> Iterator[dict[str, ModuleType]]:
-    """The modules of bench/, imported as the runner imports them (bench/ on the path)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield {name: importlib.import_module(name)
-               for name in ("floor", "bare", "scenarios", "servers", "report", "wrk")}
-    finally:
-        sys.path.remove(str(BENCH))
+def bench() -> dict[str, ModuleType]:
+    """The modules of bench/ these tests use, by name."""
+    return {name: bench_module(name)
+            for name in ("floor", "bare", "scenarios", "servers", "report", "wrk")}
 
 
 def _floor_target(bench: dict[str, ModuleType], url: str) -> str:

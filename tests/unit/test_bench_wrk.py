@@ -6,17 +6,15 @@ run by hand (bench/README.md), never in CI.
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-pytestmark = pytest.mark.backend_independent
+from tests.bench_modules import BENCH, bench_module
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+pytestmark = pytest.mark.backend_independent
 
 # wrk 4.1's report with --latency, in its own units and layout.
 REPORT = """\
@@ -38,19 +36,10 @@ Transfer/sec:    523.74KB
 """
 
 
-def _bench_module(name: str) -> ModuleType:
-    """A module of bench/, imported the way the runner imports it (bench/ on the path)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(BENCH))
-
-
 @pytest.fixture(scope="module")
 def wrk() -> ModuleType:
     """bench/wrk.py."""
-    return _bench_module("wrk")
+    return bench_module("wrk")
 
 
 def test_the_report_is_read_in_wrks_units(wrk: ModuleType) -> None:
@@ -104,7 +93,7 @@ def _report_at(wrk: ModuleType, rate: float) -> object:
 
 
 def test_the_table_shows_how_far_the_rounds_ratios_lie_apart(wrk: ModuleType) -> None:
-    report = _bench_module("report")
+    report = bench_module("report")
     result = report.ScenarioResult("read", "", "GET", "/x")
     # Round 1: the bare app slowed by someone else's work while it ran.
     for bare, gateway in ((1500.0, 1200.0), (3000.0, 1500.0)):
