@@ -18,16 +18,21 @@ The statements are the cheapest of their kind:
   commit waits for its log to reach the disk, as the gateway's do; SQLite
   runs with the gateway's settings, WAL and ``synchronous=NORMAL``).
 
-Each process keeps a pool of connections, as the gateway does. Like
-:mod:`scenarios`, this module must not import the gateway.
+Each process keeps a pool of connections, as the gateway does, and closes
+those left idle (:data:`IDLE_CLOSE_S`): the floor is measured in turn with
+the gateway, on the same PostgreSQL server, and while the gateway is
+measured the floor's connections must not hold places the gateway needs.
+Like :mod:`scenarios`, this module must not import the gateway.
 """
 
 from __future__ import annotations
 
 import functools
-import queue
+import os
 import sqlite3
 import threading
+import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, Protocol
@@ -44,6 +49,14 @@ ENVIRONMENT: Final = "BENCH_FLOOR_DATABASE"
 POOL_SIZE: Final = 24
 # How long a request waits for a pooled connection before it fails.
 POOL_TIMEOUT_S: Final = 30.0
+# A pooled connection unused this long is closed. PostgreSQL serves 100
+# connections by default (3 of them kept for superusers); the gateway's two
+# workers may open 32 each, and the floor's 24 each, left open and idle
+# while the gateway was measured, made the gateway's long-polls fail with
+# "too many clients" (342 of them in one run, 5 December).
+IDLE_CLOSE_S: Final = 2.0
+# How often each process looks for connections left idle.
+IDLE_CHECK_S: Final = 0.5
 # The statements, written out for each driver's parameter style.
 _SQLITE_SQL: Final = {
     "create": "CREATE TABLE IF NOT EXISTS bench_floor "
@@ -84,9 +97,12 @@ class FloorDatabase:
         else:
             raise ValueError(f"the floor's database is sqlite:PATH or postgresql://…, "
                              f"not {target.split(':')[0]!r}")
-        self._pool: queue.LifoQueue[DriverConnection] = queue.LifoQueue()
+        # Idle connections, each with the time it was given back: the last
+        # one given back is the next one taken, so the list is oldest first.
+        self._idle: list[tuple[DriverConnection, float]] = []
         self._opened = 0
-        self._opening = threading.Lock()
+        self._changed = threading.Condition()
+        self._closer_pid = 0
 
     def create_table(self) -> None:
         """The floor's table with the one row the reads find; once, before serving.
@@ -112,35 +128,67 @@ class FloorDatabase:
 
     def close(self) -> None:
         """Close the pooled connections; once no request runs, that is all of them."""
-        while True:
-            try:
-                self._pool.get_nowait().close()
-            except queue.Empty:
-                return
+        self.close_idle(0.0)
+
+    def close_idle(self, idle_seconds: float = IDLE_CLOSE_S) -> int:
+        """Close the pooled connections unused for ``idle_seconds``; how many."""
+        now = time.monotonic()
+        with self._changed:
+            fresh = next((number for number, (_, given_back) in enumerate(self._idle)
+                          if now - given_back < idle_seconds), len(self._idle))
+            stale, self._idle = self._idle[:fresh], self._idle[fresh:]
+            self._opened -= len(stale)
+            self._changed.notify(len(stale))  # a waiting request may open one now
+        for connection, _ in stale:
+            connection.close()
+        return len(stale)
 
     @contextmanager
     def _connection(self) -> Iterator[DriverConnection]:
-        try:
-            connection = self._pool.get_nowait()
-        except queue.Empty:
-            connection = self._open_or_wait()
+        connection = self._take()
         try:
             yield connection
         finally:
-            self._pool.put(connection)
+            with self._changed:
+                self._idle.append((connection, time.monotonic()))
+                self._changed.notify()
 
-    def _open_or_wait(self) -> DriverConnection:
-        with self._opening:
-            opens = self._opened < POOL_SIZE
-            self._opened += opens
-        if not opens:
-            return self._pool.get(timeout=POOL_TIMEOUT_S)
+    def _take(self) -> DriverConnection:
+        """An idle connection, else a new one while fewer than POOL_SIZE are open, else wait."""
+        deadline = time.monotonic() + POOL_TIMEOUT_S
+        with self._changed:
+            self._start_closer()
+            while not self._idle and self._opened >= POOL_SIZE:
+                if not self._changed.wait(deadline - time.monotonic()):
+                    raise TimeoutError(f"no floor connection free in {POOL_TIMEOUT_S:.0f} s")
+            if self._idle:
+                return self._idle.pop()[0]
+            self._opened += 1
         try:
             return self._connect()
         except BaseException:
-            with self._opening:  # a connection that failed to open takes no place
+            with self._changed:  # a connection that failed to open takes no place
                 self._opened -= 1
+                self._changed.notify()
             raise
+
+    def _start_closer(self) -> None:
+        # Once in each process that takes connections: the server forks its
+        # workers after making the table, and a thread does not survive a fork.
+        if self._closer_pid != os.getpid():
+            self._closer_pid = os.getpid()
+            threading.Thread(target=_close_idle_while_used, args=(weakref.ref(self),),
+                             name="floor-idle-closer", daemon=True).start()
+
+
+def _close_idle_while_used(database: weakref.ref[FloorDatabase]) -> None:
+    while True:
+        time.sleep(IDLE_CHECK_S)
+        alive = database()
+        if alive is None:
+            return
+        alive.close_idle()
+        del alive
 
 
 def _sqlite(path: str) -> DriverConnection:

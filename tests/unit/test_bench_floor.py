@@ -7,7 +7,9 @@ Flask views, as the floor server runs them under load.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -89,6 +91,60 @@ def test_the_floor_needs_its_table(bench: dict[str, ModuleType], floor_database:
 
 
 @pytest.mark.backend_independent
+def _open_connections(url: str) -> int:
+    """The connections open to the scratch database other than the one counting (PostgreSQL)."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return int(connection.execute(text(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def test_connections_left_idle_are_closed_and_busy_ones_kept(
+        bench: dict[str, ModuleType], floor_database: Any, empty_database_url: str) -> None:
+    floor_database.create_table()
+    with floor_database._connection() as busy:
+        floor_database.run(["read"])  # a second connection, given back at once
+        assert floor_database.close_idle(0.0) == 1
+        busy.execute("SELECT 1")  # the one in use was left open
+    if empty_database_url.startswith("postgresql"):
+        assert _open_connections(empty_database_url) == 1
+    assert floor_database.close_idle(60.0) == 0  # given back just now: kept
+    assert floor_database.close_idle(0.0) == 1
+    if empty_database_url.startswith("postgresql"):
+        assert _open_connections(empty_database_url) == 0
+    floor_database.run(["read", "write"])  # a closed pool opens again on demand
+
+
+def test_the_floor_closes_its_idle_connections_on_its_own(
+        bench: dict[str, ModuleType], floor_database: Any, empty_database_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    floor = bench["floor"]
+    monkeypatch.setattr(floor, "IDLE_CLOSE_S", 0.05)
+    monkeypatch.setattr(floor, "IDLE_CHECK_S", 0.02)
+    floor_database.create_table()
+    floor_database.run(["read"])
+    deadline = time.monotonic() + 5
+    while floor_database._opened and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert floor_database._opened == 0
+    if empty_database_url.startswith("postgresql"):
+        assert _open_connections(empty_database_url) == 0
+
+
+def test_requests_beyond_the_pool_wait_for_a_connection(
+        bench: dict[str, ModuleType], floor_database: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench["floor"], "POOL_SIZE", 2)
+    floor_database.create_table()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda _: floor_database.run(["read", "write"]), range(64)))
+    assert floor_database._opened <= 2
+
+
 def test_an_unknown_step_or_database_is_refused(bench: dict[str, ModuleType]) -> None:
     with pytest.raises(ValueError, match="scenario 'x': unknown floor step"):
         bench["floor"].check_steps("x", ("read", "update"))
