@@ -15,6 +15,7 @@ from gateway.client.errors import (
     NotFound,
     ProblemError,
     RateLimited,
+    TemporarilyUnavailable,
 )
 from gateway.client.models import Credential, Elicitation, Page, RevealedCredential, Subject
 from gateway.client.webhooks import WebhookVerificationError, verify_webhook
@@ -35,6 +36,7 @@ __all__ = [
     "RateLimited",
     "RevealedCredential",
     "Subject",
+    "TemporarilyUnavailable",
     "WebhookVerificationError",
     "verify_webhook",
 ]

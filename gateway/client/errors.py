@@ -79,9 +79,17 @@ class RateLimited(ProblemError):
     """429: over the client's limit; ``retry_after`` says for how many seconds."""
 
 
+class TemporarilyUnavailable(ProblemError):
+    """503: the gateway cannot use its database for now; ``retry_after`` says when to retry.
+
+    The request was not completed. A create retried with the same
+    ``Idempotency-Key`` is safe either way.
+    """
+
+
 _BY_STATUS: Final[dict[int, type[ProblemError]]] = {
     400: InvalidRequest, 401: AuthenticationFailed, 403: Forbidden, 404: NotFound,
-    409: Conflict, 422: InvalidRequest, 429: RateLimited,
+    409: Conflict, 422: InvalidRequest, 429: RateLimited, 503: TemporarilyUnavailable,
 }
 
 
