@@ -25,6 +25,7 @@ from gateway.payments.stripe_gateway import Stripe
 from gateway.settings import Settings, load_settings
 from gateway.web import api, openapi, ratelimit
 from gateway.web.converters import IdConverter
+from gateway.web.errors import DATABASE_UNAVAILABLE
 
 MAX_REQUEST_BYTES = 64 * 1024
 
@@ -32,7 +33,8 @@ csrf = CSRFProtect()
 
 
 class GatewayFlask(Flask):
-    """Flask, remembering which of its views and hooks are synchronous.
+    """Flask, remembering which of its views and hooks are synchronous, and
+    leaving a database that is away out of its error log (see log_exception).
 
     Flask asks ``inspect`` whether each hook is a coroutine function before
     calling it, on every request: a dozen look-ups per request for an answer
@@ -49,6 +51,18 @@ class GatewayFlask(Flask):
         except KeyError:
             result = self._callable_as_sync[func] = super().ensure_sync(func)
             return result
+
+    def log_exception(self, exc_info: Any) -> None:
+        """Log an error no handler answered, but not a database that is away.
+
+        That one is answered 503 and logged in one line by its handler (see
+        :mod:`gateway.web.errors`); when it happens while the request is set
+        up (its session read), Flask would also log its traceback, once per
+        request for as long as the database is away.
+        """
+        if isinstance(exc_info[1], DATABASE_UNAVAILABLE):
+            return
+        super().log_exception(exc_info)
 
 
 def create_app(settings: Settings | None = None, *, clock: Clock | None = None,

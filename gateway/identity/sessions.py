@@ -103,7 +103,10 @@ class ServerSessionInterface(SessionInterface):
         return ServerSession(dict(row.data), token=token, subject=subject,
                              created_at=row.created_at, last_seen_at=row.last_seen_at)
 
-    def save_session(self, app: Flask, session: SessionMixin, response: Response) -> None:
+    def save_session(self, app: Flask, session: SessionMixin | None,
+                     response: Response) -> None:
+        if session is None:
+            return  # it could not be opened (the database was away): nothing to save
         assert isinstance(session, ServerSession)
         if session.ended:
             self._delete(session.token)

@@ -1,5 +1,8 @@
 """Errors: domain errors and HTTP errors become problem+json under /api/ and
 a plain HTML page elsewhere. A 500 shows no stack trace and no internal detail.
+
+A database the gateway cannot use at the moment answers 503 with
+Retry-After instead: the request was sound, and the caller may send it again.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ import random
 from typing import Any
 
 from flask import Flask, Response, g, jsonify, render_template, request
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from werkzeug.exceptions import HTTPException
 
 from gateway.errors import GatewayError
@@ -18,6 +23,12 @@ log = logging.getLogger(__name__)
 PROBLEM_TYPE_PREFIX = "urn:gateway:problem:"
 API_PREFIX = "/api/"
 _STANDARD_MEMBERS = frozenset({"type", "title", "status", "detail", "instance", "request_id"})
+# The database refused or dropped the connection (a restart, PostgreSQL's
+# "too many clients"), no pooled connection came free in time, or SQLite
+# could not open or lock its file: nothing a caller did wrong, and over soon.
+DATABASE_UNAVAILABLE = (OperationalError, PoolTimeout)
+# Seconds a caller is asked to wait before sending the request again.
+DATABASE_RETRY_AFTER_S = 5
 
 
 def is_api_request() -> bool:
@@ -44,6 +55,8 @@ def init_app(app: Flask) -> None:
     app.after_request(_echo_request_id)
     app.register_error_handler(GatewayError, _handle_domain_error)
     app.register_error_handler(HTTPException, _handle_http_error)
+    for unavailable in DATABASE_UNAVAILABLE:
+        app.register_error_handler(unavailable, _handle_database_unavailable)
     app.register_error_handler(Exception, _handle_unexpected)
 
 
@@ -95,6 +108,12 @@ def _handle_domain_error(error: GatewayError) -> Response:
 
 
 def _handle_http_error(error: HTTPException) -> Response:
+    # An error raised while the request's context was being set up (the
+    # session, read from the database) reaches Flask's handlers as a 500
+    # wrapping it, not as itself.
+    original = getattr(error, "original_exception", None)
+    if isinstance(original, DATABASE_UNAVAILABLE):
+        return _handle_database_unavailable(original)
     status = error.code or 500
     title = error.name
     code = title.lower().replace(" ", "-")
@@ -102,6 +121,18 @@ def _handle_http_error(error: HTTPException) -> Response:
     for name, value in error.get_headers():
         if name.lower() not in ("content-type", "content-length"):
             response.headers[name] = value
+    return response
+
+
+def _handle_database_unavailable(error: Exception) -> Response:
+    # One line, not a traceback per request: while the database is away,
+    # every request fails the same way. The driver's first line says why.
+    log.warning("database unavailable on %s %s: %s", request.method, request.path,
+                str(error).partition("\n")[0])
+    response = _render(503, "database-unavailable", "Service temporarily unavailable",
+                       "The gateway cannot use its database at the moment, so the request was "
+                       f"not completed. Try again in {DATABASE_RETRY_AFTER_S} seconds.")
+    response.headers["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
     return response
 
 

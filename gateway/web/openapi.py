@@ -26,6 +26,7 @@ _PROBLEM_TITLES: Final = {
     404: "No such resource for this client", 409: "Conflicts with the current state",
     413: "The body is over 64 KiB", 415: "The body is not JSON",
     422: "The request breaks a rule", 429: "Rate limit reached; see Retry-After",
+    503: "The database is unavailable for now; see Retry-After",
 }
 
 
@@ -51,8 +52,11 @@ class Document:
         return {"$ref": REF.format(model=name)}
 
     def path(self, path: str, method: str, operation: dict[str, Any]) -> None:
-        """Add one operation; every operation needs the bearer token unless it says not."""
+        """Add one operation: it needs the bearer token (and may answer 503) unless it says not."""
         operation.setdefault("security", [{"bearer": []}])
+        if operation["security"]:
+            # Its token is checked in the database: while that is away, 503.
+            operation["responses"] = {**operation["responses"], **problem_responses(503)}
         self.paths.setdefault(path, {})[method] = operation
 
     def as_json(self) -> dict[str, Any]:
