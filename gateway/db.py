@@ -65,6 +65,12 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+# A process's PostgreSQL connections: kept open in its pool, and opened
+# beyond that while more requests than that need one at once.
+POSTGRES_POOL_SIZE: Final = 24
+POSTGRES_MAX_OVERFLOW: Final = 8
+POSTGRES_CONNECTIONS_PER_PROCESS: Final = POSTGRES_POOL_SIZE + POSTGRES_MAX_OVERFLOW
+
 # How long SQLite waits for another writer before "database is locked".
 SQLITE_BUSY_TIMEOUT_S = 15.0
 _WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
@@ -91,8 +97,8 @@ def make_engine(database_url: str, **options: Any) -> Engine:
         if _is_sqlite_file(database_url):
             _keep_wal_small(engine)
         return engine
-    options.setdefault("pool_size", 24)
-    options.setdefault("max_overflow", 8)
+    options.setdefault("pool_size", POSTGRES_POOL_SIZE)
+    options.setdefault("max_overflow", POSTGRES_MAX_OVERFLOW)
     engine = create_engine(database_url, **options)
     _ping_when_idle(engine)
     return engine

@@ -8,11 +8,12 @@ import socket
 from pathlib import Path
 
 import click
+from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway import cli, migrations
 from gateway.credentials.catalog import CatalogError, catalog_path, load_catalog
-from gateway.db import make_engine
+from gateway.db import POSTGRES_CONNECTIONS_PER_PROCESS, make_engine
 from gateway.files import FileError
 from gateway.serving import server, tls
 from gateway.settings import Settings
@@ -44,7 +45,7 @@ def serve(host: str, port: int, workers: int, threads: int, certfile: Path | Non
     if no_tls and settings.proxy_hops < 1:
         cli.fail("--no-tls serves plain HTTP and is only for a TLS-terminating proxy in "
                  "front; set GATEWAY_PROXY_HOPS to the number of proxies")
-    _check_schema(settings)
+    _check_database(settings, workers)
     _check_port_free(host, port)
     server.run(settings, server.Options(host=host, port=port, workers=workers,
                                         threads=threads, tls_files=tls_files,
@@ -82,10 +83,11 @@ def _tls_files(settings: Settings, certfile: Path | None,
     return pair
 
 
-def _check_schema(settings: Settings) -> None:
+def _check_database(settings: Settings, workers: int) -> None:
     engine = make_engine(settings.database_url)
     try:
         current = migrations.is_current(engine)
+        _warn_if_connections_may_run_out(engine, workers)
     except SQLAlchemyError as error:
         cli.fail(f"database unreachable ({error.__class__.__name__}); "
                  "check GATEWAY_DATABASE_URL")
@@ -93,6 +95,30 @@ def _check_schema(settings: Settings) -> None:
         engine.dispose()
     if not current:
         cli.fail("the database schema is not current; run `gateway db upgrade` first")
+
+
+def _warn_if_connections_may_run_out(engine: Engine, workers: int) -> None:
+    """Warn when the workers may need more PostgreSQL connections than the server has free.
+
+    Past its limit PostgreSQL refuses new connections, and the requests that
+    needed them answer 503: better said once at start than found under load.
+    """
+    if engine.dialect.name != "postgresql":
+        return
+    with engine.connect() as connection:
+        limit, reserved, in_use = connection.execute(text(
+            "SELECT current_setting('max_connections')::int, "
+            "current_setting('superuser_reserved_connections')::int, "
+            "(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')",
+        )).one()
+    free = limit - reserved - in_use + 1  # this check's own connection closes now
+    most = workers * POSTGRES_CONNECTIONS_PER_PROCESS
+    if most > free:
+        log.warning(
+            "PostgreSQL has %d connections free (max_connections %d, %d reserved, %d in "
+            "use), and %d workers may open up to %d under load (%d each); requests past "
+            "the limit will answer 503. Start fewer workers, or raise max_connections.",
+            free, limit, reserved, in_use - 1, workers, most, POSTGRES_CONNECTIONS_PER_PROCESS)
 
 
 def _check_port_free(host: str, port: int) -> None:

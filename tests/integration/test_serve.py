@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from sqlalchemy import create_engine, text
 
+from gateway.db import POSTGRES_CONNECTIONS_PER_PROCESS
 from gateway.serving.tls import dev_certificate_paths, make_self_signed
 from tests.integration.conftest import Result, Server, tls_context
 
@@ -246,3 +248,25 @@ def test_an_unmigrated_database_is_refused(run_gateway: Callable[..., Result],
     result = run_gateway("serve", env={**cli_environ, "GATEWAY_DATABASE_URL": empty_database_url})
     assert result.code == 1
     assert "run `gateway db upgrade` first" in result.stderr
+
+
+def test_more_workers_than_postgresql_has_connections_for_are_warned_about(
+    start_server: Callable[..., Server], database_url: str,
+) -> None:
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite has no connection limit")
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            limit = int(connection.execute(text("SHOW max_connections")).scalar_one())
+    finally:
+        engine.dispose()
+    one = start_server("--no-worker")
+    assert "PostgreSQL has" not in one.output()
+    too_many = limit // POSTGRES_CONNECTIONS_PER_PROCESS + 1
+    crowded = start_server("--workers", str(too_many), "--no-worker")
+    warning = next(line for line in crowded.output().splitlines() if "PostgreSQL has" in line)
+    assert f"{too_many} workers may open up to {too_many * POSTGRES_CONNECTIONS_PER_PROCESS}" \
+        in warning
+    assert f"max_connections {limit}" in warning
+    assert "Start fewer workers, or raise max_connections" in warning
