@@ -105,12 +105,18 @@ def _warn_if_connections_may_run_out(engine: Engine, workers: int) -> None:
     """
     if engine.dialect.name != "postgresql":
         return
-    with engine.connect() as connection:
-        limit, reserved, in_use = connection.execute(text(
-            "SELECT current_setting('max_connections')::int, "
-            "current_setting('superuser_reserved_connections')::int, "
-            "(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')",
-        )).one()
+    try:
+        with engine.connect() as connection:
+            limit, reserved, in_use = connection.execute(text(
+                "SELECT current_setting('max_connections')::int, "
+                "current_setting('superuser_reserved_connections')::int, "
+                "(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')",
+            )).one()
+    except SQLAlchemyError as error:
+        # Only advice: a server that will not tell (a proxy in front of it)
+        # does not stop the gateway from starting.
+        log.info("PostgreSQL's connection limit is unknown (%s)", type(error).__name__)
+        return
     free = limit - reserved - in_use + 1  # this check's own connection closes now
     most = workers * POSTGRES_CONNECTIONS_PER_PROCESS
     if most > free:

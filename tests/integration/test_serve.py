@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import logging
 import os
 import socket
 import ssl
@@ -17,6 +18,7 @@ from cryptography import x509
 from sqlalchemy import create_engine, text
 
 from gateway.db import POSTGRES_CONNECTIONS_PER_PROCESS
+from gateway.serving.cli import _warn_if_connections_may_run_out
 from gateway.serving.tls import dev_certificate_paths, make_self_signed
 from tests.integration.conftest import Result, Server, tls_context
 
@@ -270,3 +272,16 @@ def test_more_workers_than_postgresql_has_connections_for_are_warned_about(
         in warning
     assert f"max_connections {limit}" in warning
     assert "Start fewer workers, or raise max_connections" in warning
+
+
+def test_a_server_that_will_not_tell_its_limit_does_not_stop_the_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    unreachable = create_engine("postgresql+psycopg://postgres@127.0.0.1:1/gateway")
+    try:
+        with caplog.at_level(logging.INFO):
+            _warn_if_connections_may_run_out(unreachable, workers=64)
+    finally:
+        unreachable.dispose()
+    assert "connection limit is unknown (OperationalError)" in caplog.text
+    assert "PostgreSQL has" not in caplog.text
