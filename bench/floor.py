@@ -130,7 +130,7 @@ class FloorDatabase:
         """Close the pooled connections; once no request runs, that is all of them."""
         self.close_idle(0.0)
 
-    def close_idle(self, idle_seconds: float = IDLE_CLOSE_S) -> int:
+    def close_idle(self, idle_seconds: float) -> int:
         """Close the pooled connections unused for ``idle_seconds``; how many."""
         now = time.monotonic()
         with self._changed:
@@ -187,7 +187,7 @@ def _close_idle_while_used(database: weakref.ref[FloorDatabase]) -> None:
         alive = database()
         if alive is None:
             return
-        alive.close_idle()
+        alive.close_idle(IDLE_CLOSE_S)
         del alive
 
 

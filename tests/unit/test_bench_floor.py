@@ -90,7 +90,6 @@ def test_the_floor_needs_its_table(bench: dict[str, ModuleType], floor_database:
     assert _send(client, bench["scenarios"].SCENARIOS["read"].request) == 500
 
 
-@pytest.mark.backend_independent
 def _connections_become(url: str, expected: int) -> bool:
     """Whether the scratch database's other connections come to ``expected`` (PostgreSQL).
 
@@ -155,6 +154,7 @@ def test_requests_beyond_the_pool_wait_for_a_connection(
     assert floor_database._opened <= 2
 
 
+@pytest.mark.backend_independent
 def test_an_unknown_step_or_database_is_refused(bench: dict[str, ModuleType]) -> None:
     with pytest.raises(ValueError, match="scenario 'x': unknown floor step"):
         bench["floor"].check_steps("x", ("read", "update"))
