@@ -101,6 +101,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=_positive, default=DEFAULT_THREADS,
                         help="gunicorn threads per worker, both servers "
                              f"(default {DEFAULT_THREADS})")
+    parser.add_argument("--no-pin-workers", dest="pin_workers", action="store_false",
+                        help="leave each worker's CPU to the kernel, both servers (as "
+                             "`gateway serve --no-pin-workers`)")
     parser.add_argument("--rounds", type=_positive, default=2,
                         help="measured runs per target and scenario (default 2)")
     parser.add_argument("--warmup", type=int, default=2,
@@ -175,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gateway-bench-")))
         database_url = stack.enter_context(servers.scratch_database(args.database))
         gateway, targets, config = stack.enter_context(
-            _targets(folder, database_url, args.workers, args.threads, floor=args.floor))
+            _targets(folder, database_url, args.workers, args.threads, floor=args.floor,
+                     pin_workers=args.pin_workers))
         facts = machine_facts(args, load, wrk.version(wrk_path),
                               servers.describe_database(database_url))
         print(report.header(facts), end="\n\n", flush=True)
@@ -190,7 +194,8 @@ def run(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def _targets(folder: Path, database_url: str | None, workers: int, threads: int, *,
-             floor: bool) -> Iterator[tuple[Gateway, dict[str, Target], dict[str, Any]]]:
+             floor: bool, pin_workers: bool,
+             ) -> Iterator[tuple[Gateway, dict[str, Target], dict[str, Any]]]:
     """The servers started on one gunicorn config (bind port aside); stopped afterwards.
 
     With ``floor``, a second bare app besides, making each scenario's floor
@@ -203,7 +208,8 @@ def _targets(folder: Path, database_url: str | None, workers: int, threads: int,
     environ = servers.scratch_environ(instance, gateway_port, database_url)
     _progress("creating the scratch instance (gateway init, gateway db upgrade)")
     servers.init_instance(environ, folder)
-    options = servers.gateway_options(gateway_port, workers, threads, instance)
+    options = servers.gateway_options(gateway_port, workers, threads, instance,
+                                      pin_workers=pin_workers)
     config = servers.server_config(environ, options)
     # The same function gateway serve calls, with only the port changed.
     bare_config = servers.server_config(environ, dataclasses.replace(options, port=bare_port))
@@ -368,7 +374,8 @@ def machine_facts(args: argparse.Namespace, load: Load, wrk_version: str,
         "system": platform.platform(terse=True),
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "servers": f"gunicorn {metadata.version('gunicorn')} gthread, {args.workers} workers "
-                   f"x {args.threads} threads, TLS on loopback; "
+                   f"x {args.threads} threads{servers.describe_pinning(args.pin_workers)}, "
+                   "TLS on loopback; "
                    f"Flask {metadata.version('flask')}",
         "database": database,
         "rate limits": f"limiter on, {servers.UNREACHABLE_LIMIT} per token and per address "

@@ -27,6 +27,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from gateway.serving.affinity import can_pin
 from gateway.serving.server import Options, gunicorn_config, wait_slots
 from gateway.serving.tls import dev_certificate_paths
 from gateway.settings import ENV_PREFIX, SettingsError, load_settings
@@ -155,7 +156,7 @@ def run_gateway(environ: dict[str, str], folder: Path, options: Options) -> Iter
     # measured on its own by bench/webhooks.py.
     command = (*GATEWAY_COMMAND, "serve", "--host", options.host, "--port", str(options.port),
                "--workers", str(options.workers), "--threads", str(options.threads),
-               "--no-worker")
+               "--no-worker", "--pin-workers" if options.pin_workers else "--no-pin-workers")
     certfile, _ = dev_certificate_paths(Path(environ["GATEWAY_INSTANCE_PATH"]))
     with _started("gateway", command, environ, folder, options.port) as server:
         # serve writes the certificate before it binds, so it exists once the port answers.
@@ -165,10 +166,18 @@ def run_gateway(environ: dict[str, str], folder: Path, options: Options) -> Iter
             cafile=certfile)
 
 
-def gateway_options(port: int, workers: int, threads: int, instance: Path) -> Options:
+def gateway_options(port: int, workers: int, threads: int, instance: Path, *,
+                    pin_workers: bool = True) -> Options:
     """How ``gateway serve`` will serve: its own development certificate, on loopback."""
     return Options(host=HOST, port=port, workers=workers, threads=threads,
-                   tls_files=dev_certificate_paths(instance))
+                   tls_files=dev_certificate_paths(instance), pin_workers=pin_workers)
+
+
+def describe_pinning(pin_workers: bool) -> str:
+    """How both servers place their workers on CPUs, for the run's header."""
+    if not pin_workers:
+        return ", workers not pinned"
+    return ", each worker on one CPU" if can_pin() else ", workers not pinned (one CPU)"
 
 
 def long_poll_capacity(threads: int) -> int:

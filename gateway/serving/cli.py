@@ -36,8 +36,12 @@ LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
               help="Serve plain HTTP to a TLS-terminating proxy; needs GATEWAY_PROXY_HOPS >= 1.")
 @click.option("--no-worker", is_flag=True,
               help="Do not run `gateway worker` beside the server (run workers apart).")
+@click.option("--pin-workers/--no-pin-workers", default=True, show_default=True,
+              help="Keep each worker process on one CPU of its own, where its threads "
+                   "share the interpreter lock fastest; --no-pin-workers leaves placement "
+                   "to the kernel.")
 def serve(host: str, port: int, workers: int, threads: int, certfile: Path | None,
-          keyfile: Path | None, no_tls: bool, no_worker: bool) -> None:
+          keyfile: Path | None, no_tls: bool, no_worker: bool, pin_workers: bool) -> None:
     """Serve the gateway over HTTPS (and, unless --no-worker, send its webhooks)."""
     settings = cli.settings()
     _check_secrets_and_catalog(settings)
@@ -49,7 +53,7 @@ def serve(host: str, port: int, workers: int, threads: int, certfile: Path | Non
     _check_port_free(host, port)
     server.run(settings, server.Options(host=host, port=port, workers=workers,
                                         threads=threads, tls_files=tls_files,
-                                        with_worker=not no_worker))
+                                        with_worker=not no_worker, pin_workers=pin_workers))
 
 
 def _check_secrets_and_catalog(settings: Settings) -> None:

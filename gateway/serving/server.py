@@ -18,6 +18,7 @@ from flask import Flask
 from gunicorn.app.base import BaseApplication
 
 from gateway.metrics import counters
+from gateway.serving import affinity
 from gateway.serving.access_log import GatewayLogger
 from gateway.settings import Settings
 
@@ -39,6 +40,8 @@ class Options:
     threads: int
     tls_files: tuple[Path, Path] | None
     with_worker: bool = False
+    # Each worker process on one CPU of its own (see gateway.serving.affinity).
+    pin_workers: bool = True
 
 
 def gunicorn_config(settings: Settings, options: Options) -> dict[str, Any]:
@@ -72,6 +75,9 @@ def gunicorn_config(settings: Settings, options: Options) -> dict[str, Any]:
         # `gateway serve` checks first that no other program holds the port.
         "reuse_port": True,
     }
+    if options.pin_workers and affinity.can_pin():
+        config["pre_fork"] = affinity.PRE_FORK
+        config["post_fork"] = affinity.POST_FORK
     if options.with_worker:
         config["on_starting"] = _start_worker
         config["on_exit"] = _stop_worker

@@ -6,6 +6,7 @@ import contextlib
 import http.client
 import logging
 import os
+import signal
 import socket
 import ssl
 import stat
@@ -18,6 +19,7 @@ from cryptography import x509
 from sqlalchemy import create_engine, text
 
 from gateway.db import POSTGRES_CONNECTIONS_PER_PROCESS
+from gateway.serving.affinity import can_pin
 from gateway.serving.cli import _warn_if_connections_may_run_out
 from gateway.serving.tls import dev_certificate_paths, make_self_signed
 from tests.integration.conftest import Result, Server, tls_context
@@ -163,6 +165,43 @@ def test_connections_are_spread_over_the_workers(
             connection.close()
     assert sum(held.values()) == 16
     assert all(held.values()), held
+
+
+@pytest.mark.skipif(not can_pin(), reason="needs a system that pins processes to 2+ CPUs")
+def test_each_worker_runs_on_a_cpu_of_its_own(start_server: Callable[..., Server]) -> None:
+    server = start_server("--workers", "2", "--no-worker")
+    workers = _workers_listening(server, count=2)
+    placed = {pid: os.sched_getaffinity(pid) for pid in workers}
+    assert all(len(cpus) == 1 for cpus in placed.values()), placed
+    assert len(set.union(*placed.values())) == 2, placed
+    # The server itself, which only watches its workers, is not pinned.
+    assert os.sched_getaffinity(server.process.pid) == os.sched_getaffinity(0)
+
+    # A worker that dies is replaced on the CPU it left.
+    dead, kept = workers
+    os.kill(dead, signal.SIGKILL)
+    replacement = _replacement_of(server, dead, kept)
+    assert os.sched_getaffinity(replacement) == placed[dead]
+    assert os.sched_getaffinity(kept) == placed[kept]
+
+
+def test_no_pin_workers_leaves_the_cpus_to_the_kernel(
+    start_server: Callable[..., Server],
+) -> None:
+    server = start_server("--workers", "2", "--no-worker", "--no-pin-workers")
+    workers = _workers_listening(server, count=2)
+    assert all(os.sched_getaffinity(pid) == os.sched_getaffinity(0) for pid in workers)
+
+
+def _replacement_of(server: Server, dead: int, kept: int, timeout: float = 30) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        workers = set(_workers_listening(server, count=2))
+        if dead not in workers:
+            (replacement,) = workers - {kept}
+            return replacement
+        time.sleep(0.1)
+    raise AssertionError(f"worker {dead} was not replaced:\n{server.output()}")
 
 
 _LISTEN, _ESTABLISHED = "0A", "01"

@@ -1,0 +1,48 @@
+"""Each gunicorn worker process kept on one CPU of its own.
+
+A worker is one Python process with many threads, and only the thread that
+holds the interpreter lock runs Python. Every call that lets the lock go
+(each SQLite or PostgreSQL statement, each TLS read and write) hands it to
+another of the process's threads; when that thread sits on another CPU, the
+lock travels between the CPUs with the work's memory, and the thread that
+let it go is put to sleep until it comes back. On a 2-CPU machine, 16
+threads of one process answering API reads spent twice the CPU per read of
+one thread alone, and about as much as one thread once the process was kept
+on one CPU; under the benchmark's load, two pinned workers answered every
+kind of request faster (bench/HISTORY.md, 5 December 2026).
+
+The CPUs are those the server was started on (``taskset``, a container's
+cpuset). ``gateway serve --no-pin-workers`` leaves the placement to the
+kernel: for a host where other busy programs share the same CPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any, Final
+
+# gunicorn's hooks, by name: the benchmark hands the same settings as JSON to
+# its bare baseline's gunicorn, which imports them from here.
+PRE_FORK: Final = "gateway.serving.affinity.assign_cpu"
+POST_FORK: Final = "gateway.serving.affinity.pin_worker"
+
+
+def can_pin() -> bool:
+    """Whether this system pins processes (Linux) and offers more than one CPU."""
+    return hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1
+
+
+def assign_cpu(arbiter: Any, worker: Any) -> None:
+    """gunicorn's ``pre_fork``, in the server: the least used CPU for the worker to start.
+
+    A worker started to replace one that died takes the CPU it left.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    used = Counter(getattr(other, "cpu", None) for other in arbiter.WORKERS.values())
+    worker.cpu = min(cpus, key=lambda cpu: (used[cpu], cpu))
+
+
+def pin_worker(arbiter: Any, worker: Any) -> None:
+    """gunicorn's ``post_fork``, in the new worker: it and the threads it starts stay there."""
+    os.sched_setaffinity(0, {worker.cpu})
