@@ -374,9 +374,9 @@ def machine_facts(args: argparse.Namespace, load: Load, wrk_version: str,
         "system": platform.platform(terse=True),
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "servers": f"gunicorn {metadata.version('gunicorn')} gthread, {args.workers} workers "
-                   f"x {args.threads} threads{servers.describe_pinning(args.pin_workers)}, "
-                   "TLS on loopback; "
-                   f"Flask {metadata.version('flask')}",
+                   f"x {args.threads} threads"
+                   f"{servers.describe_pinning(args.pin_workers, args.workers)}, "
+                   f"TLS on loopback; Flask {metadata.version('flask')}",
         "database": database,
         "rate limits": f"limiter on, {servers.UNREACHABLE_LIMIT} per token and per address "
                        "(out of the load's reach)",

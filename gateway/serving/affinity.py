@@ -12,8 +12,12 @@ on one CPU; under the benchmark's load, two pinned workers answered every
 kind of request faster (bench/HISTORY.md, 5 December 2026).
 
 The CPUs are those the server was started on (``taskset``, a container's
-cpuset). ``gateway serve --no-pin-workers`` leaves the placement to the
-kernel: for a host where other busy programs share the same CPUs.
+cpuset), and workers are pinned only when there is at least one for each of
+them: a server with fewer workers than CPUs leaves its workers' placement to
+the kernel, so that several such servers on one host never crowd the same
+CPUs while others idle (start one under ``taskset`` with as many CPUs as
+workers to pin it). ``gateway serve --no-pin-workers`` never pins: for a
+host where other busy programs share the same CPUs.
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ PRE_FORK: Final = "gateway.serving.affinity.assign_cpu"
 POST_FORK: Final = "gateway.serving.affinity.pin_worker"
 
 
-def can_pin() -> bool:
-    """Whether this system pins processes (Linux) and offers more than one CPU."""
-    return hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1
+def pins(workers: int) -> bool:
+    """Whether ``workers`` workers are pinned: on Linux, with 2 or more CPUs, none left over."""
+    if not hasattr(os, "sched_setaffinity"):
+        return False
+    return 1 < len(os.sched_getaffinity(0)) <= workers
 
 
 def assign_cpu(arbiter: Any, worker: Any) -> None:

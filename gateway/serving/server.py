@@ -40,7 +40,8 @@ class Options:
     threads: int
     tls_files: tuple[Path, Path] | None
     with_worker: bool = False
-    # Each worker process on one CPU of its own (see gateway.serving.affinity).
+    # Each worker process on one CPU of its own, when there are as many workers
+    # as CPUs or more (see gateway.serving.affinity).
     pin_workers: bool = True
 
 
@@ -75,7 +76,7 @@ def gunicorn_config(settings: Settings, options: Options) -> dict[str, Any]:
         # `gateway serve` checks first that no other program holds the port.
         "reuse_port": True,
     }
-    if options.pin_workers and affinity.can_pin():
+    if options.pin_workers and affinity.pins(options.workers):
         config["pre_fork"] = affinity.PRE_FORK
         config["post_fork"] = affinity.POST_FORK
     if options.with_worker:

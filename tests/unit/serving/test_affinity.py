@@ -33,6 +33,7 @@ class Arbiter:
 def four_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     # A server started with `taskset -c 2-5`: the CPUs it may use, not 0 to 3.
     monkeypatch.setattr(affinity.os, "sched_getaffinity", lambda pid: {5, 3, 2, 4})
+    monkeypatch.setattr(affinity.os, "sched_setaffinity", lambda pid, cpus: None, raising=False)
 
 
 @pytest.mark.usefixtures("four_cpus")
@@ -58,23 +59,37 @@ def test_pin_worker_pins_the_calling_process(monkeypatch: pytest.MonkeyPatch) ->
     assert calls == [(0, {3})]
 
 
-def options(*, pin_workers: bool) -> Options:
-    return Options(host="127.0.0.1", port=8443, workers=2, threads=8, tls_files=None,
+def options(workers: int, *, pin_workers: bool = True) -> Options:
+    return Options(host="127.0.0.1", port=8443, workers=workers, threads=8, tls_files=None,
                    pin_workers=pin_workers)
 
 
-def test_the_server_pins_its_workers_by_default_where_it_can(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def pinned(tmp_path: Path, options: Options) -> bool:
     settings = load_settings({"GATEWAY_INSTANCE_PATH": str(tmp_path),
                               "GATEWAY_SECRET_KEY": "s" * 40, "GATEWAY_TOKEN_PEPPER": "p" * 40})
-    monkeypatch.setattr(affinity, "can_pin", lambda: True)
-    config = gunicorn_config(settings, options(pin_workers=True))
-    assert (config["pre_fork"], config["post_fork"]) == (affinity.PRE_FORK, affinity.POST_FORK)
-    assert "pre_fork" not in gunicorn_config(settings, options(pin_workers=False))
+    config = gunicorn_config(settings, options)
+    hooks = (config.get("pre_fork"), config.get("post_fork"))
+    assert hooks in ((None, None), (affinity.PRE_FORK, affinity.POST_FORK))
+    return hooks != (None, None)
 
-    monkeypatch.setattr(affinity, "can_pin", lambda: False)
-    assert "post_fork" not in gunicorn_config(settings, options(pin_workers=True))
+
+@pytest.mark.usefixtures("four_cpus")
+def test_workers_are_pinned_by_default_when_there_is_one_for_each_cpu(tmp_path: Path) -> None:
+    assert pinned(tmp_path, options(4))
+    assert pinned(tmp_path, options(6))
+    assert not pinned(tmp_path, options(4, pin_workers=False))
+
+
+@pytest.mark.usefixtures("four_cpus")
+def test_fewer_workers_than_cpus_are_left_to_the_kernel(tmp_path: Path) -> None:
+    # Several small servers on one host would otherwise all start on the first CPUs.
+    assert not pinned(tmp_path, options(1))
+    assert not pinned(tmp_path, options(3))
+
+
+def test_one_cpu_is_nothing_to_pin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(affinity.os, "sched_getaffinity", lambda pid: {0})
+    assert not pinned(tmp_path, options(2))
 
 
 def test_the_hooks_are_named_so_that_gunicorn_finds_them() -> None:
