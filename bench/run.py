@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
             _targets(folder, database_url, args.workers, args.threads, floor=args.floor,
                      pin_workers=args.pin_workers))
         facts = machine_facts(args, load, wrk.version(wrk_path),
-                              servers.describe_database(database_url))
+                              servers.describe_database(database_url), config)
         print(report.header(facts), end="\n\n", flush=True)
         results = [measure(scenario, gateway, targets, load, wrk_path, folder)
                    for scenario in scenarios]
@@ -364,8 +364,8 @@ def _check(target: Target, request: Request, expected: int) -> None:
 
 
 def machine_facts(args: argparse.Namespace, load: Load, wrk_version: str,
-                  database: str) -> dict[str, str]:
-    """What a reader needs to compare this run with another one."""
+                  database: str, config: dict[str, Any]) -> dict[str, str]:
+    """What a reader needs to compare this run with another one (``config``: gunicorn's)."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
     return {
         "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC",
@@ -375,7 +375,7 @@ def machine_facts(args: argparse.Namespace, load: Load, wrk_version: str,
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "servers": f"gunicorn {metadata.version('gunicorn')} gthread, {args.workers} workers "
                    f"x {args.threads} threads"
-                   f"{servers.describe_pinning(args.pin_workers, args.workers)}, "
+                   f"{servers.describe_pinning(config)}, "
                    f"TLS on loopback; Flask {metadata.version('flask')}",
         "database": database,
         "rate limits": f"limiter on, {servers.UNREACHABLE_LIMIT} per token and per address "

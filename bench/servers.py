@@ -27,7 +27,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from gateway.serving.affinity import pins
+from gateway.serving.affinity import POST_FORK
 from gateway.serving.server import Options, gunicorn_config, wait_slots
 from gateway.serving.tls import dev_certificate_paths
 from gateway.settings import ENV_PREFIX, SettingsError, load_settings
@@ -173,12 +173,10 @@ def gateway_options(port: int, workers: int, threads: int, instance: Path, *,
                    tls_files=dev_certificate_paths(instance), pin_workers=pin_workers)
 
 
-def describe_pinning(pin_workers: bool, workers: int) -> str:
-    """How both servers place their workers on CPUs, for the run's header."""
-    if not pin_workers:
-        return ", workers not pinned"
-    return ", each worker on one CPU" if pins(workers) else \
-        ", workers not pinned (fewer than the CPUs, or one CPU)"
+def describe_pinning(config: dict[str, Any]) -> str:
+    """How both servers place their workers on CPUs, read from the settings they run."""
+    return ", each worker on one CPU" if config.get("post_fork") == POST_FORK else \
+        ", workers not pinned"
 
 
 def long_poll_capacity(threads: int) -> int:
