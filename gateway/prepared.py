@@ -12,8 +12,9 @@ through ``Connection.execute``.
 - :class:`PreparedSelect` reads rows.
 - :class:`PreparedWrite` runs an INSERT, UPDATE or DELETE (with RETURNING or
   not). It runs the engine's ``before_cursor_execute`` and
-  ``after_cursor_execute`` listeners around the statement, as SQLAlchemy
-  does, so SQLite's writer queue (:mod:`gateway.db`) sees every write.
+  ``after_cursor_execute`` listeners around the statement, and its
+  ``handle_error`` listeners when it fails, as SQLAlchemy does, so SQLite's
+  writers' queue (:mod:`gateway.db`) sees every write begin and end.
   On a SQLite write transaction the queue's lock is held from the first write
   to the commit, so the less Python runs in between, the sooner the next
   writer goes: this is the other reason writes are prepared.
@@ -52,6 +53,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.engine import Dialect
+from sqlalchemy.engine.base import ExceptionContextImpl
 from sqlalchemy.exc import DBAPIError, IntegrityError, NoResultFound, StatementError
 from sqlalchemy.sql.compiler import SQLCompiler
 
@@ -127,7 +129,11 @@ class _Prepared:
             if listened:
                 dispatch.after_cursor_execute(connection, cursor, plan.sql, values, None, False)
         except dialect.loaded_dbapi.Error as error:
-            raise _reported(connection, plan, error, cursor) from error
+            disconnected = dialect.is_disconnect(
+                error, connection.connection.dbapi_connection, cursor)
+            if listened:
+                _tell_failed(connection, plan, values, cursor, error, disconnected)
+            raise _reported(connection, plan, error, disconnected) from error
         finally:
             cursor.close()
         return _rows(plan, raw, processors), rowcount
@@ -436,12 +442,26 @@ def _compile(statement: Statement, dialect: Dialect) -> _Plan:
     return _Plan(sql, order, cursor, binds, constants, row, columns)
 
 
-def _reported(connection: Connection, plan: _Plan, error: Any, cursor: Any) -> StatementError:
+def _tell_failed(connection: Connection, plan: _Plan, values: Any, cursor: Any, error: Any,
+                 disconnected: bool) -> None:
+    # The engine's handle_error listeners hear of the failure as SQLAlchemy
+    # tells them (on the dialect's dispatch), before the connection may be
+    # invalidated; SQLite's writers' queue then ends an autocommit write's
+    # turn. A listener's answer (another exception) is not used: the driver's
+    # error is reported as _reported says.
+    context = ExceptionContextImpl(error, None, connection.engine, connection.dialect,
+                                   connection, cursor, plan.sql, values, None, disconnected,
+                                   True, False)
+    for listener in connection.dialect.dispatch.handle_error:
+        listener(context)
+
+
+def _reported(connection: Connection, plan: _Plan, error: Any,
+              disconnected: bool) -> StatementError:
     # As SQLAlchemy reports a driver's error: its own exception class, and a
     # connection that died is invalidated, so the pool replaces it. The
     # parameters stay out of the message (they may be token digests).
     dialect = connection.dialect
-    disconnected = dialect.is_disconnect(error, connection.connection.dbapi_connection, cursor)
     if disconnected:
         connection.invalidate(error)
     reported: StatementError = DBAPIError.instance(

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Column, Connection, Engine, Integer, MetaData, Table, text
+from sqlalchemy.exc import OperationalError
 
 from gateway import db
+from gateway.prepared import PreparedWrite, insert_into
 
 # Its own SQLite file: the same on every run, whichever backend the suite is on.
 pytestmark = pytest.mark.backend_independent
@@ -66,8 +68,7 @@ def test_concurrent_write_transactions_all_commit(engine: Engine) -> None:
 def test_autocommit_writes_beside_write_transactions_all_commit(
     engine: Engine, autocommit_engine: Engine,
 ) -> None:
-    # Autocommit writes meet the queued transactions in SQLite's busy
-    # handler: slower under contention, never refused.
+    # Autocommit writes queue beside the transactions, each for its statement.
     failures: list[BaseException] = []
 
     def statements(start: int) -> None:
@@ -86,28 +87,87 @@ def test_autocommit_writes_beside_write_transactions_all_commit(
     assert _count(engine) == 400
 
 
-def test_an_autocommit_write_does_not_wait_for_the_writers_queue(
+def test_an_autocommit_write_waits_for_its_turn_in_the_queue(
     engine: Engine, autocommit_engine: Engine,
 ) -> None:
-    # Queued, its thread would give the queue back only once it had the
-    # interpreter lock again after the statement, and every writer would
-    # wait for that (see db._serialize_sqlite_writers).
+    # Not in SQLite's busy handler, where a writer that arrives later may go
+    # first, again and again (see db._serialize_sqlite_writers).
     thread_lock, _ = db._writer_locks(engine.url.database)
-    with thread_lock:  # a writer of this process holds the queue
-        started = time.monotonic()
+    done = threading.Event()
+
+    def write() -> None:
         with autocommit_engine.connect() as connection:
             connection.execute(text("INSERT INTO rows (n) VALUES (1)"))
-        assert time.monotonic() - started < 1
+        done.set()
+
+    with thread_lock:  # a writer of this process holds the queue
+        thread = threading.Thread(target=write)
+        thread.start()
+        time.sleep(0.2)
+        assert not done.is_set()
+    assert done.wait(5)
+    thread.join()
     assert _count(engine) == 1
+
+
+def _queue_is_free(engine: Engine) -> bool:
+    """Whether another thread gets the writers' queue at once."""
+    thread_lock, file_lock = db._writer_locks(engine.url.database)
+    got: list[bool] = []
+
+    def take() -> None:
+        if thread_lock.acquire(timeout=1):
+            assert file_lock is not None
+            got.append(file_lock.acquire(time.monotonic() + 1))
+            file_lock.release()
+            thread_lock.release()
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    thread.join()
+    return got == [True]
+
+
+_ROWS = Table("rows", MetaData(), Column("n", Integer))
+_MISSING = Table("missing", MetaData(), Column("n", Integer))
+
+
+@pytest.mark.parametrize(("statement", "fails"), [
+    (lambda c: c.execute(text("INSERT INTO rows (n) VALUES (1)")), False),
+    (lambda c: c.execute(text("INSERT INTO missing (n) VALUES (1)")), True),
+    (lambda c: PreparedWrite(insert_into(_ROWS)).run(c, {"n": 1}), False),
+    (lambda c: PreparedWrite(insert_into(_MISSING)).run(c, {"n": 1}), True),
+], ids=["statement", "failed statement", "prepared", "failed prepared"])
+def test_an_autocommit_write_gives_its_turn_back_when_its_statement_ends(
+    engine: Engine, autocommit_engine: Engine,
+    statement: Callable[[Connection], object], fails: bool,
+) -> None:
+    # Its connection is still checked out: the turn ends with the statement,
+    # whether it succeeded or failed, not when the request gives it back.
+    with autocommit_engine.connect() as connection:
+        if fails:
+            with pytest.raises(OperationalError, match="no such table"):
+                statement(connection)
+        else:
+            statement(connection)
+        assert _queue_is_free(engine)
+    assert _count(engine) == (0 if fails else 1)
+
+
+def test_a_transaction_keeps_its_turn_until_it_ends(engine: Engine) -> None:
+    with engine.connect() as connection:
+        connection.execute(text("INSERT INTO rows (n) VALUES (1)"))
+        assert not _queue_is_free(engine)
+        connection.commit()
+    assert _queue_is_free(engine)
 
 
 @pytest.mark.parametrize("second_on", ["engine", "autocommit_engine"])
 def test_a_writer_waits_until_the_other_transaction_has_ended(
     engine: Engine, second_on: str, request: pytest.FixtureRequest,
 ) -> None:
-    # Every engine on the file waits for an open write transaction: another
-    # transaction in the writers' queue, an autocommit write (which does not
-    # queue) in SQLite's busy handler.
+    # Every engine on the file waits in the writers' queue for an open write
+    # transaction: another transaction, and an autocommit write.
     second_engine: Engine = request.getfixturevalue(second_on)
     done = threading.Event()
 
