@@ -190,14 +190,22 @@ def _serialize_sqlite_writers(engine: Engine) -> None:
     is locked") stays the last word.
 
     A transaction's turn lasts from its first write until it ends, when its
-    connection returns to the pool (after the commit or rollback). A write on
-    an autocommit connection is its own transaction: its turn lasts as long
-    as its statement, failed or not. Measured on 5 December 2026 with
-    ``bench/`` on SQLite (two workers, each on a CPU of its own), key
-    submits and creates, one statement each on an autocommit connection:
-    with these writes meeting in SQLite's busy handler, 691/s with a p99 of
-    563 ms and 1,118/s with a p99 of 129 ms; queued, 723/s with a p99 of
-    109 ms and 1,207/s with a p99 of 73 ms.
+    connection returns to the pool (after the commit or rollback).
+
+    A write on an autocommit connection is its own transaction, which takes
+    and gives back SQLite's lock inside the driver's one call. It queues,
+    for as long as its statement (failed or not), only in a process that
+    runs on one CPU (a pinned worker of ``gateway serve``,
+    :mod:`gateway.serving.affinity`). Queued, the turn passes on only once
+    the writer has the interpreter lock back after its statement. Measured
+    on 5 December 2026 with ``bench/`` on SQLite, key submits and creates,
+    one statement each on an autocommit connection, against these writes
+    meeting in SQLite's busy handler:
+
+    - two workers each on a CPU of its own: queued, submits 723/s with a p99
+      of 109 ms (691/s, 563 ms), creates 1,207/s, 73 ms (1,118/s, 129 ms);
+    - the same workers on both CPUs: queued, submits 525/s, 148 ms (632/s,
+      276 ms), creates 834/s, 85 ms (960/s, 93 ms).
 
     Every engine on the file shares the locks.
     """
@@ -207,10 +215,12 @@ def _serialize_sqlite_writers(engine: Engine) -> None:
         info = connection.info
         if info.get(_HOLDS_WRITE_LOCK) or not statement.lstrip()[:7].upper().startswith(_WRITES):
             return
+        autocommit = cursor.connection.isolation_level is None
+        if autocommit and not _on_one_cpu():
+            return
         deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
         if not thread_lock.acquire(timeout=SQLITE_BUSY_TIMEOUT_S):
             return
-        autocommit = cursor.connection.isolation_level is None
         info[_HOLDS_WRITE_LOCK] = _STATEMENT if autocommit else _TRANSACTION
         if file_lock is not None:
             info[_HOLDS_FILE_LOCK] = file_lock.acquire(deadline)
@@ -237,6 +247,13 @@ def _serialize_sqlite_writers(engine: Engine) -> None:
     event.listen(engine, "handle_error", after_failed_statement)
     event.listen(engine.pool, "checkin", after_transaction)
     event.listen(engine.pool, "detach", after_transaction)
+
+
+def _on_one_cpu() -> bool:
+    """Whether this process may run on one CPU only, as the kernel says now."""
+    # Asked at each write (a system call of about a microsecond): a worker is
+    # pinned after its process started, and a test may pin its own.
+    return hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) == 1
 
 
 # Whose turn a connection holds in the writers' queue: its statement's (an

@@ -5,6 +5,7 @@ Its own SQLite file in a temporary folder, whatever TEST_DATABASE_URL says.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -65,10 +66,14 @@ def test_concurrent_write_transactions_all_commit(engine: Engine) -> None:
     assert _count(engine) == 400
 
 
+@pytest.mark.parametrize("cpus", ["one_cpu", "as_started"])
 def test_autocommit_writes_beside_write_transactions_all_commit(
-    engine: Engine, autocommit_engine: Engine,
+    engine: Engine, autocommit_engine: Engine, cpus: str, request: pytest.FixtureRequest,
 ) -> None:
-    # Autocommit writes queue beside the transactions, each for its statement.
+    # Autocommit writes meet the queued transactions in SQLite's busy
+    # handler, or on one CPU queue with them: never refused.
+    if cpus == "one_cpu":
+        request.getfixturevalue("one_cpu")
     failures: list[BaseException] = []
 
     def statements(start: int) -> None:
@@ -87,7 +92,25 @@ def test_autocommit_writes_beside_write_transactions_all_commit(
     assert _count(engine) == 400
 
 
-def test_an_autocommit_write_waits_for_its_turn_in_the_queue(
+@pytest.fixture
+def one_cpu() -> Iterator[None]:
+    """This process on one CPU, as a pinned worker of `gateway serve` is."""
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("CPU affinity is Linux's")
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    yield
+    os.sched_setaffinity(0, cpus)
+
+
+@pytest.fixture
+def several_cpus() -> None:
+    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a process that may run on two CPUs or more")
+
+
+@pytest.mark.usefixtures("one_cpu")
+def test_an_autocommit_write_on_one_cpu_waits_for_its_turn_in_the_queue(
     engine: Engine, autocommit_engine: Engine,
 ) -> None:
     # Not in SQLite's busy handler, where a writer that arrives later may go
@@ -132,13 +155,29 @@ _ROWS = Table("rows", MetaData(), Column("n", Integer))
 _MISSING = Table("missing", MetaData(), Column("n", Integer))
 
 
+@pytest.mark.usefixtures("several_cpus")
+def test_an_autocommit_write_on_several_cpus_does_not_wait_for_the_queue(
+    engine: Engine, autocommit_engine: Engine,
+) -> None:
+    # Its turn would pass on only once its thread had the interpreter lock
+    # back, and threads on other CPUs hold it longer: slower, measured.
+    thread_lock, _ = db._writer_locks(engine.url.database)
+    with thread_lock:  # a writer of this process holds the queue
+        started = time.monotonic()
+        with autocommit_engine.connect() as connection:
+            connection.execute(text("INSERT INTO rows (n) VALUES (1)"))
+        assert time.monotonic() - started < 1
+    assert _count(engine) == 1
+
+
+@pytest.mark.usefixtures("one_cpu")
 @pytest.mark.parametrize(("statement", "fails"), [
     (lambda c: c.execute(text("INSERT INTO rows (n) VALUES (1)")), False),
     (lambda c: c.execute(text("INSERT INTO missing (n) VALUES (1)")), True),
     (lambda c: PreparedWrite(insert_into(_ROWS)).run(c, {"n": 1}), False),
     (lambda c: PreparedWrite(insert_into(_MISSING)).run(c, {"n": 1}), True),
 ], ids=["statement", "failed statement", "prepared", "failed prepared"])
-def test_an_autocommit_write_gives_its_turn_back_when_its_statement_ends(
+def test_an_autocommit_write_on_one_cpu_gives_its_turn_back_when_its_statement_ends(
     engine: Engine, autocommit_engine: Engine,
     statement: Callable[[Connection], object], fails: bool,
 ) -> None:
@@ -166,8 +205,9 @@ def test_a_transaction_keeps_its_turn_until_it_ends(engine: Engine) -> None:
 def test_a_writer_waits_until_the_other_transaction_has_ended(
     engine: Engine, second_on: str, request: pytest.FixtureRequest,
 ) -> None:
-    # Every engine on the file waits in the writers' queue for an open write
-    # transaction: another transaction, and an autocommit write.
+    # Every engine on the file waits for an open write transaction: another
+    # transaction in the writers' queue, an autocommit write there too on one
+    # CPU, else in SQLite's busy handler.
     second_engine: Engine = request.getfixturevalue(second_on)
     done = threading.Event()
 
