@@ -38,6 +38,23 @@ def autocommit_engine(engine: Engine) -> Iterator[Engine]:
     other.dispose()
 
 
+@pytest.fixture
+def one_cpu() -> Iterator[None]:
+    """This process on one CPU, as a pinned worker of `gateway serve` is."""
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("CPU affinity is Linux's")
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    yield
+    os.sched_setaffinity(0, cpus)
+
+
+@pytest.fixture
+def several_cpus() -> None:
+    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a process that may run on two CPUs or more")
+
+
 def _transactions(engine: Engine, start: int, failures: list[BaseException]) -> None:
     """50 write transactions of two statements each; a failure is kept for the test to report."""
     try:
@@ -92,23 +109,6 @@ def test_autocommit_writes_beside_write_transactions_all_commit(
     assert _count(engine) == 400
 
 
-@pytest.fixture
-def one_cpu() -> Iterator[None]:
-    """This process on one CPU, as a pinned worker of `gateway serve` is."""
-    if not hasattr(os, "sched_setaffinity"):
-        pytest.skip("CPU affinity is Linux's")
-    cpus = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {min(cpus)})
-    yield
-    os.sched_setaffinity(0, cpus)
-
-
-@pytest.fixture
-def several_cpus() -> None:
-    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs a process that may run on two CPUs or more")
-
-
 @pytest.mark.usefixtures("one_cpu")
 def test_an_autocommit_write_on_one_cpu_waits_for_its_turn_in_the_queue(
     engine: Engine, autocommit_engine: Engine,
@@ -136,11 +136,11 @@ def test_an_autocommit_write_on_one_cpu_waits_for_its_turn_in_the_queue(
 def _queue_is_free(engine: Engine) -> bool:
     """Whether another thread gets the writers' queue at once."""
     thread_lock, file_lock = db._writer_locks(engine.url.database)
+    assert file_lock is not None
     got: list[bool] = []
 
     def take() -> None:
         if thread_lock.acquire(timeout=1):
-            assert file_lock is not None
             got.append(file_lock.acquire(time.monotonic() + 1))
             file_lock.release()
             thread_lock.release()
