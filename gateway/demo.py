@@ -37,7 +37,7 @@ from gateway.identity.models import User
 from gateway.instance import config_path, create_instance
 from gateway.settings import Settings, SettingsError, env_name
 from gateway.vault.keyring import load_keyring
-from gateway.webhooks.http import OutboundPolicy
+from gateway.outbound import OutboundPolicy
 
 DEMO_USER = "demo"
 

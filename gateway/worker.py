@@ -27,7 +27,7 @@ from gateway.elicitations.service import expire_overdue
 from gateway.settings import Settings
 from gateway.vault.keyring import KeyringError, load_keyring
 from gateway.webhooks.dispatcher import Dispatcher
-from gateway.webhooks.http import OutboundPolicy
+from gateway.outbound import OutboundPolicy
 
 log = logging.getLogger(__name__)
 SWEEP_SECONDS: Final = 5.0

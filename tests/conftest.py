@@ -31,7 +31,7 @@ from gateway.clock import FixedClock, SystemClock
 from gateway.credentials.catalog import current_catalog
 from gateway.settings import Settings, load_settings
 from gateway.vault.keyring import load_keyring
-from gateway.webhooks.http import OutboundPolicy
+from gateway.outbound import OutboundPolicy
 from tests import databases
 
 # A real OpenID Connect provider on loopback, for the identity tests.

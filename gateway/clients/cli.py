@@ -14,7 +14,7 @@ from gateway.clock import SystemClock
 from gateway.credentials.catalog import CatalogError, catalog_path, load_catalog
 from gateway.pagination import timestamp
 from gateway.vault.keyring import KeyringError, load_keyring
-from gateway.webhooks.http import OutboundPolicy
+from gateway.outbound import OutboundPolicy
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 

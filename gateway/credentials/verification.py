@@ -14,7 +14,7 @@ import requests
 
 from gateway.credentials.catalog import KEY_PLACEHOLDER, LiveCheck
 from gateway.errors import GatewayError
-from gateway.webhooks.http import BlockedDestination, OutboundPolicy, guarded_session
+from gateway.outbound import BlockedDestination, OutboundPolicy, guarded_session
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from gateway.pagination import timestamp
 from gateway.payments import pages as payments
 from gateway.vault.keyring import current_keyring
 from gateway.web.context import client_name, current_clock
-from gateway.webhooks.http import OutboundPolicy
+from gateway.outbound import OutboundPolicy
 
 blueprint = Blueprint("portal", __name__)
 

@@ -39,7 +39,7 @@ from gateway.identity.sessions import Subject
 from gateway.identity.web import actor_of
 from gateway.settings import Settings
 from gateway.web.context import current_clock
-from gateway.webhooks.http import BlockedDestination, OutboundPolicy, guard_session, guarded_session
+from gateway.outbound import BlockedDestination, OutboundPolicy, guard_session, guarded_session
 
 log = logging.getLogger(__name__)
 

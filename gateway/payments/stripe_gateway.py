@@ -23,7 +23,7 @@ import stripe
 
 from gateway.errors import GatewayError
 from gateway.settings import Settings, SettingsError, env_name
-from gateway.webhooks.http import BlockedDestination, OutboundPolicy, guarded_session
+from gateway.outbound import BlockedDestination, OutboundPolicy, guarded_session
 
 log = logging.getLogger(__name__)
 

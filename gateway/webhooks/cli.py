@@ -10,7 +10,7 @@ from gateway.clock import SystemClock
 from gateway.pagination import timestamp
 from gateway.vault.keyring import KeyringError, load_keyring
 from gateway.webhooks import service
-from gateway.webhooks.http import OutboundPolicy
+from gateway.outbound import OutboundPolicy
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 

@@ -39,7 +39,7 @@ from gateway.clients.service import current_webhook_secrets
 from gateway.clock import Clock
 from gateway.vault.keyring import Keyring
 from gateway.webhooks import signing
-from gateway.webhooks.http import BlockedDestination, GuardedPool, OutboundPolicy, finish
+from gateway.outbound import BlockedDestination, GuardedPool, OutboundPolicy, finish
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from gateway.pagination import timestamp
 from gateway.tokens import new_id
 from gateway.vault.keyring import Keyring
 from gateway.webhooks import signing
-from gateway.webhooks.http import BlockedDestination, OutboundPolicy, guarded_session
+from gateway.outbound import BlockedDestination, OutboundPolicy, guarded_session
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent
 
 STATUSES = ("pending", "delivering", "delivered", "dead")

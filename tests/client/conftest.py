@@ -33,7 +33,7 @@ from gateway.identity import service as identity
 from gateway.serving.tls import dev_certificate_paths
 from gateway.settings import load_settings
 from gateway.vault.keyring import load_keyring
-from gateway.webhooks.http import OutboundPolicy
+from gateway.outbound import OutboundPolicy
 from tests.conftest import _empty_tables, gateway_environ, process_environ
 from tests.integration.conftest import free_port, tls_context
 

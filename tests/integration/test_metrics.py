@@ -25,7 +25,7 @@ from gateway.serving.tls import dev_certificate_paths
 from gateway.settings import Settings
 from gateway.vault.keyring import load_keyring
 from gateway.webhooks.dispatcher import Dispatcher
-from gateway.webhooks.http import OutboundPolicy
+from gateway.outbound import OutboundPolicy
 from tests.conftest import Api, Registered, client_for
 from tests.integration.api.test_create import body
 from tests.integration.conftest import Result, Server, tls_context

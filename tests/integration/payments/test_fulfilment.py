@@ -23,7 +23,7 @@ from gateway.payments.stripe_gateway import CheckoutSession
 from gateway.settings import Settings
 from gateway.vault.keyring import load_keyring
 from gateway.webhooks.dispatcher import Dispatcher
-from gateway.webhooks.http import OutboundPolicy
+from gateway.outbound import OutboundPolicy
 from tests.conftest import Registered
 from tests.integration.payments.conftest import (
     STRIPE_WEBHOOK_SECRET,

@@ -22,7 +22,7 @@ from gateway.clock import Clock
 from gateway.vault.keyring import load_keyring
 from gateway.webhooks import service
 from gateway.webhooks.dispatcher import Dispatcher
-from gateway.webhooks.http import OutboundPolicy
+from gateway.outbound import OutboundPolicy
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent
 from tests.conftest import Api, Registered, client_for
 from tests.integration.api.test_create import body

@@ -18,7 +18,7 @@ from gateway.credentials.catalog import current_catalog
 from gateway.settings import Settings
 from gateway.vault.keyring import load_keyring
 from gateway.webhooks.dispatcher import MAX_RETRY_AFTER, SCHEDULE, Dispatcher
-from gateway.webhooks.http import AttemptDeadlines, IPAddress, OutboundPolicy
+from gateway.outbound import AttemptDeadlines, IPAddress, OutboundPolicy
 from tests.conftest import Api, client_for
 from tests.integration.webhooks.conftest import (
     Answer,

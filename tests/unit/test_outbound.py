@@ -26,7 +26,7 @@ from authlib.integrations.requests_client import OAuth2Session
 
 from gateway.serving.tls import make_self_signed
 from gateway.settings import SettingsError, load_settings
-from gateway.webhooks.http import (
+from gateway.outbound import (
     DEFAULT_TIMEOUT,
     BlockedDestination,
     GuardedHTTPSConnection,
