@@ -28,16 +28,16 @@ from gateway.clients import service as clients
 from gateway.clients.models import ClientIdentity
 from gateway.clock import SystemClock
 from gateway.credentials.catalog import catalog_path, load_catalog
-from gateway.db import make_engine
+from gateway.db import for_writes, make_engine
 from gateway.elicitations import service as elicitations
 from gateway.elicitations.schemas import create_adapter
 from gateway.files import FileError
 from gateway.identity import service as identity
 from gateway.identity.models import User
 from gateway.instance import config_path, create_instance
+from gateway.outbound import OutboundPolicy
 from gateway.settings import Settings, SettingsError, env_name
 from gateway.vault.keyring import load_keyring
-from gateway.outbound import OutboundPolicy
 
 DEMO_USER = "demo"
 
@@ -106,7 +106,7 @@ def _seed(settings: Settings, receiver: str) -> tuple[str | None, str, str]:
     password = secrets.token_urlsafe(12)
     clock = SystemClock()
     link: str | None = None
-    with sessionmaker(engine, expire_on_commit=False).begin() as session:
+    with sessionmaker(for_writes(engine), expire_on_commit=False).begin() as session:
         minted = clients.create_client(
             session, clock, keyring=load_keyring(settings), pepper=settings.token_pepper,
             catalog=load_catalog(catalog_path(settings)),
@@ -128,7 +128,7 @@ def _ask_demo_user(session: Session, settings: Settings, client: ClientIdentity)
         "message": "The demo weather tool needs your weather-service API key. Any "
                    "key will do here; it is encrypted and never shown to the assistant."})
     outcome = elicitations.create(
-        session.connection(), SystemClock(), elicitations.Caller(client, None),
+        session, SystemClock(), elicitations.Caller(client, None),
         request, catalog=load_catalog(catalog_path(settings)), payments_enabled=False,
         public_url=settings.public_url, idempotency_key=None, request_digest="")
     url: str = outcome.body["url"]

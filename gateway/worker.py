@@ -22,12 +22,12 @@ from sqlalchemy.orm import sessionmaker
 
 from gateway import cli
 from gateway.clock import Clock, SystemClock
-from gateway.db import make_engine
+from gateway.db import for_writes, make_engine
 from gateway.elicitations.service import expire_overdue
+from gateway.outbound import OutboundPolicy
 from gateway.settings import Settings
 from gateway.vault.keyring import KeyringError, load_keyring
 from gateway.webhooks.dispatcher import Dispatcher
-from gateway.outbound import OutboundPolicy
 
 log = logging.getLogger(__name__)
 SWEEP_SECONDS: Final = 5.0
@@ -73,7 +73,7 @@ def worker(once: bool) -> None:
     """Send webhooks and expire elicitations whose time is up."""
     settings = cli.settings()  # which also starts logging as the settings say
     engine = make_engine(settings.database_url)
-    factory = sessionmaker(engine, expire_on_commit=False)
+    factory = sessionmaker(for_writes(engine), expire_on_commit=False)
     dispatcher = _dispatcher(settings)
     if once:
         try:

@@ -11,14 +11,12 @@ from __future__ import annotations
 import base64
 import re
 import secrets
-from collections import namedtuple
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Final
 from urllib.parse import urlsplit
 
-from sqlalchemy import Connection, Select, bindparam, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -27,12 +25,11 @@ from gateway.clients.models import ApiToken, Client, ClientIdentity, WebhookSecr
 from gateway.clock import Clock
 from gateway.credentials.catalog import Catalog
 from gateway.errors import Conflict, GatewayError, InvalidInput, NotFound
-from gateway.prepared import PreparedSelect
+from gateway.outbound import BlockedDestination, OutboundPolicy
 from gateway.settings import Secret
 from gateway.tokens import keyed_digest, new_id, new_token, token_hint
 from gateway.vault.envelope import bind, reveal_plaintext, seal
 from gateway.vault.keyring import Keyring
-from gateway.outbound import BlockedDestination, OutboundPolicy
 
 API_TOKEN_PREFIX: Final = "gw_"  # noqa: S105  (a prefix, not a secret)
 WEBHOOK_SECRET_PREFIX: Final = "whsec_"  # noqa: S105  (a prefix, not a secret)
@@ -161,61 +158,9 @@ def list_clients(session: Session) -> list[Client]:
     return list(session.scalars(select(Client).order_by(Client.created_at, Client.id)))
 
 
-# The token check's columns, named apart from those of a look-up joined to it.
-_CLIENTS: Final = Client.__table__.c
-_TOKENS: Final = ApiToken.__table__
-_TOKEN_CHECK: Final = (
-    _CLIENTS.id.label("holder_id"), _CLIENTS.name.label("holder_name"),
-    _CLIENTS.status.label("holder_status"),
-    _CLIENTS.credential_types.label("holder_credential_types"),
-    _TOKENS.c.revoked_at.label("token_revoked_at"),
-)
-_TOKEN_HOLDERS: Final = _TOKENS.join(Client.__table__)
-# Built once: this runs on every API request, prepared (see gateway.prepared).
-_AUTHENTICATE: Final = PreparedSelect(
-    select(*_TOKEN_CHECK).select_from(_TOKEN_HOLDERS)
-    .where(_TOKENS.c.digest == bindparam("digest"))
-)
-
-
-class OwnedLookup:
-    """The token check and a look-up of one of the token's client's rows, as one statement.
-
-    An API read checks the token, then reads one row. On PostgreSQL each
-    statement is a round trip to the server, and the token check alone made
-    a read cost half again as much. Joined, they are one. The row is joined
-    on its owner, so a row of another client is not found, exactly like an
-    unknown one.
-
-    ``lookup`` selects the row by named parameters (``bindparam("id")``);
-    ``owner`` is its column holding the client's id.
-    """
-
-    def __init__(self, lookup: Select[Any], owner: str = "client_id") -> None:
-        found = lookup.subquery("found")
-        self._statement = PreparedSelect(
-            select(*_TOKEN_CHECK, *found.c)
-            .select_from(_TOKEN_HOLDERS.outerjoin(found, found.c[owner] == _CLIENTS.id))
-            .where(_TOKENS.c.digest == bindparam("digest"))
-        )
-        self._found_at = len(_TOKEN_CHECK)
-        self._owner_at = self._found_at + list(found.c.keys()).index(owner)
-        self._row = namedtuple("Row", found.c.keys())  # type: ignore[misc]
-
-    def run(self, connection: Connection, token_digest: str | None,
-            parameters: Mapping[str, Any]) -> tuple[ClientIdentity, Any | None]:
-        """The token's client, and the row when it exists and is that client's (else None)."""
-        row = self._statement.first(connection,
-                                    {**parameters, "digest": _required(token_digest)})
-        client = _identity(row)
-        if row is None or row[self._owner_at] is None:
-            return client, None
-        return client, self._row(*row[self._found_at:])
-
-
-def name_of(connection: Connection, client_id: str) -> str:
+def name_of(session: Session, client_id: str) -> str:
     """The client's registered name, as pages show it to users."""
-    name: str = _CLIENT_NAME.one(connection, {"client_id": client_id}).name
+    name: str = session.execute(select(Client.name).where(Client.id == client_id)).scalar_one()
     return name
 
 
@@ -230,26 +175,19 @@ class ClientNames:
     def __init__(self) -> None:
         self._names: dict[str, str] = {}
 
-    def of(self, client_id: str, connection: Callable[[], Connection]) -> str:
-        """The client's name, read on first use on the connection ``connection()`` gives."""
+    def of(self, client_id: str, session: Session) -> str:
+        """The client's name, read on first use in ``session``."""
         name = self._names.get(client_id)
         if name is None:
-            name = self._names[client_id] = name_of(connection(), client_id)
+            name = self._names[client_id] = name_of(session, client_id)
         return name
 
 
-def webhook_url_of(connection: Connection, client_id: str) -> str | None:
+def webhook_url_of(session: Session, client_id: str) -> str | None:
     """Where the client's webhooks go; None when it takes none."""
-    url: str | None = _WEBHOOK_URL.one(connection, {"client_id": client_id}).webhook_url
+    url: str | None = session.execute(
+        select(Client.webhook_url).where(Client.id == client_id)).scalar_one()
     return url
-
-
-# Built once: pages and transitions read one column of a client this way,
-# without loading it.
-_CLIENT_NAME: Final = PreparedSelect(select(Client.__table__.c.name).where(
-    Client.__table__.c.id == bindparam("client_id")))
-_WEBHOOK_URL: Final = PreparedSelect(select(Client.__table__.c.webhook_url).where(
-    Client.__table__.c.id == bindparam("client_id")))
 
 
 def identity_of(client: Client) -> ClientIdentity:
@@ -257,29 +195,23 @@ def identity_of(client: Client) -> ClientIdentity:
     return ClientIdentity(client.id, client.name, tuple(client.credential_types or ()))
 
 
-def authenticate(connection: Connection, token_digest: str | None) -> ClientIdentity:
+def authenticate(session: Session, token_digest: str | None) -> ClientIdentity:
     """The active client holding the live token with this keyed digest."""
-    # The lookup is by digest: no stored token is ever compared with the
-    # presented one, so there is no timing difference to measure.
-    row = _AUTHENTICATE.first(connection, {"digest": _required(token_digest)})
-    return _identity(row)
-
-
-def _required(token_digest: str | None) -> str:
     if token_digest is None:
         raise Unauthenticated("send the client's API token as `Authorization: Bearer gw_…`",
                               error=None)
-    return token_digest
-
-
-def _identity(row: Any | None) -> ClientIdentity:
-    """The client of a token check's row, if its token is live and its client active."""
-    if row is None or row.token_revoked_at is not None:
+    # The lookup is by digest: no stored token is ever compared with the
+    # presented one, so there is no timing difference to measure.
+    row = session.execute(
+        select(Client.id, Client.name, Client.status, Client.credential_types,
+               ApiToken.revoked_at)
+        .join(ApiToken, ApiToken.client_id == Client.id)
+        .where(ApiToken.digest == token_digest)).first()
+    if row is None or row.revoked_at is not None:
         raise Unauthenticated("the API token is not valid: unknown or revoked")
-    if row.holder_status != "active":
+    if row.status != "active":
         raise Unauthenticated("this client is disabled; ask the gateway's operator")
-    return ClientIdentity(row.holder_id, row.holder_name,
-                          tuple(row.holder_credential_types or ()))
+    return ClientIdentity(row.id, row.name, tuple(row.credential_types or ()))
 
 
 def current_webhook_secrets(session: Session, clock: Clock, keyring: Keyring,

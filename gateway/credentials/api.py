@@ -14,7 +14,7 @@ from gateway.credentials.catalog import current_catalog
 from gateway.elicitations.schemas import Issuer, SubjectId
 from gateway.errors import InvalidInput
 from gateway.vault.keyring import current_keyring
-from gateway.web.api import autocommit, current_client, looked_up, looks_up, query_text
+from gateway.web.api import current_client, query_text
 from gateway.web.context import current_clock
 
 blueprint = Blueprint("credentials", __name__, url_prefix="/credentials")
@@ -48,24 +48,23 @@ def list_credentials() -> Response:
     status = request.args.get("status", "active")
     if status not in ("active", "all"):
         raise InvalidInput("status is active or all", field="status")
-    with db.transaction() as session:
-        page, next_cursor = service.list_for_client(
-            session, current_client().id, subject_iss=query_text("subject_iss", ISSUER),
-            subject_sub=query_text("subject_sub", SUBJECT_ID), type_id=_type(),
-            include_revoked=status == "all", cursor=request.args.get("cursor"),
-            limit=int(raw_limit))
-        items = [service.represent(credential) for credential in page]
+    page, next_cursor = service.list_for_client(
+        db.session(), current_client().id, subject_iss=query_text("subject_iss", ISSUER),
+        subject_sub=query_text("subject_sub", SUBJECT_ID), type_id=_type(),
+        include_revoked=status == "all", cursor=request.args.get("cursor"),
+        limit=int(raw_limit))
+    items = [service.represent(credential) for credential in page]
     return jsonify(items=items, next_cursor=next_cursor)
 
 
 @blueprint.post("/<id:credential_id>/reveal")
-@autocommit
-@looks_up(service.OWN_SEALED, credential_id="credential_id")
 def reveal(credential_id: str) -> Response:
     """The plaintext key, for the MCP server that asked for it; audited, never cached."""
-    credential, secret = service.reveal_for_client(
-        db.autocommit(), current_clock(), current_keyring(), looked_up(), credential_id,
-        actor=_actor(), source_ip=request.remote_addr)
+    # Handed out only once the transaction with its audit row has committed.
+    with db.transaction() as session:
+        credential, secret = service.reveal_for_client(
+            session, current_clock(), current_keyring(), current_client().id, credential_id,
+            actor=_actor(), source_ip=request.remote_addr)
     return jsonify(id=credential.id, type=credential.type, secret=secret)
 
 

@@ -10,7 +10,8 @@ from gateway.credentials import service
 from gateway.credentials.catalog import CredentialType, current_catalog
 from gateway.credentials.models import Credential
 from gateway.errors import NotFound
-from gateway.identity.web import actor_of, current_subject, login_redirect
+from gateway.identity.sessions import Subject
+from gateway.identity.web import actor_of, signed_in
 from gateway.pagination import timestamp
 from gateway.web.context import current_clock
 
@@ -18,19 +19,17 @@ blueprint = Blueprint("account", __name__)
 
 
 @blueprint.get("/account")
-def account() -> Response | str:
+@signed_in()
+def account(subject: Subject) -> Response | str:
     """Every key this user stored here, by app, with a hint and dates."""
-    subject = current_subject()
-    if subject is None:
-        return login_redirect(request.path)
-    with db.transaction() as session:
-        catalog = current_catalog()
-        rows = [{"id": credential.id, "hint": credential.hint,
-                 "type": _label(catalog.get(credential.type), credential.type),
-                 "client": client_name, "created": f"{credential.created_at:%Y-%m-%d}",
-                 "created_iso": timestamp(credential.created_at)}
-                for credential, client_name in service.list_for_subject(
-                    session, subject.iss, subject.sub)]
+    session = db.session()
+    catalog = current_catalog()
+    rows = [{"id": credential.id, "hint": credential.hint,
+             "type": _label(catalog.get(credential.type), credential.type),
+             "client": client_name, "created": f"{credential.created_at:%Y-%m-%d}",
+             "created_iso": timestamp(credential.created_at)}
+            for credential, client_name in service.list_for_subject(
+                session, subject.iss, subject.sub)]
     return render_template("account.html", subject=subject, credentials=rows,
                            revoked=request.args.get("revoked"))
 
@@ -40,11 +39,9 @@ def _label(credential_type: CredentialType | None, type_id: str) -> str:
 
 
 @blueprint.post("/account/credentials/<id:credential_id>/revoke")
-def revoke(credential_id: str) -> Response:
+@signed_in(back="/account")
+def revoke(credential_id: str, subject: Subject) -> Response:
     """Revoke one of the user's own keys; the app can no longer use it."""
-    subject = current_subject()
-    if subject is None:
-        return login_redirect("/account")
     with db.transaction() as session:
         credential = session.get(Credential, credential_id)
         # Someone else's key is reported exactly like a missing one.

@@ -8,25 +8,16 @@ from typing import Final
 
 from flask import Blueprint, Response, current_app, jsonify, request
 from pydantic import TypeAdapter
-from sqlalchemy.exc import IntegrityError
 
 from gateway import db
-from gateway.clients.models import ClientIdentity
 from gateway.credentials.catalog import current_catalog
 from gateway.elicitations import lifecycle, service
 from gateway.elicitations.lifecycle import TERMINAL, Status
-from gateway.elicitations.models import Elicitation, ElicitationSnapshot
+from gateway.elicitations.models import Elicitation
 from gateway.elicitations.schemas import Issuer, SubjectId, create_adapter
 from gateway.elicitations.waiting import WaitHub
 from gateway.errors import InvalidInput
-from gateway.web.api import (
-    autocommit,
-    current_client,
-    json_body,
-    looked_up,
-    looks_up,
-    query_text,
-)
+from gateway.web.api import current_client, json_body, query_text
 from gateway.web.context import current_clock, current_settings
 
 blueprint = Blueprint("elicitations", __name__, url_prefix="/elicitations")
@@ -39,20 +30,18 @@ _STATUSES: Final = frozenset(s.value for s in Status)
 _KINDS: Final = frozenset({"api_key", "payment"})
 _ISSUER: Final = TypeAdapter[str](Issuer)
 _SUBJECT_ID: Final = TypeAdapter[str](SubjectId)
-AnyElicitation = Elicitation | ElicitationSnapshot
 
 
 def _caller() -> service.Caller:
     return service.Caller(current_client(), request.remote_addr)
 
 
-def _answer(elicitation: AnyElicitation, status: int = 200) -> tuple[Response, int]:
+def _answer(elicitation: Elicitation, status: int = 200) -> tuple[Response, int]:
     now = current_clock().now()
     return jsonify(service.represent(elicitation, current_settings().public_url, now)), status
 
 
 @blueprint.post("")
-@autocommit
 def create() -> tuple[Response, int]:
     """Create an elicitation for one of the client's users."""
     body = json_body(create_adapter)
@@ -61,20 +50,18 @@ def create() -> tuple[Response, int]:
         raise InvalidInput("Idempotency-Key is 1 to 255 visible ASCII characters",
                            field="Idempotency-Key")
     settings = current_settings()
-    for attempt in (1, 2):
-        try:
-            outcome = service.create(
-                db.autocommit(), current_clock(), _caller(), body, catalog=current_catalog(),
+
+    def attempt() -> service.Outcome:
+        with db.transaction() as session:
+            return service.create(
+                session, current_clock(), _caller(), body, catalog=current_catalog(),
                 payments_enabled=settings.stripe_secret_key is not None,
                 public_url=settings.public_url, idempotency_key=key,
-                request_digest=service.request_digest(request.get_data(cache=True)),
-            )
-            break
-        except IntegrityError:
-            # Two requests with the same Idempotency-Key raced and the other
-            # committed first; the second attempt replays its answer.
-            if attempt == 2 or key is None:
-                raise
+                request_digest=service.request_digest(request.get_data(cache=True)))
+
+    # Two requests with the same Idempotency-Key raced and the other
+    # committed first: the second attempt replays its answer.
+    outcome = db.retry_on_conflict(attempt, attempts=1 if key is None else 2)
     response = jsonify(outcome.body)
     if outcome.status_code == 201:
         response.headers["Location"] = f"{request.path}/{outcome.body['id']}"
@@ -82,33 +69,29 @@ def create() -> tuple[Response, int]:
 
 
 @blueprint.get("/<id:elicitation_id>")
-@looks_up(service.OWN_ELICITATION, id="elicitation_id")
 def read(elicitation_id: str) -> tuple[Response, int]:
     """One elicitation; with ``?wait=N``, held until it ends or N seconds pass."""
     wait = _wait_seconds()
-    client = current_client()
-    elicitation = _current_state(client, service.snapshot_of(looked_up(), elicitation_id))
+    elicitation = _current_state(elicitation_id)
     if wait and elicitation.status not in TERMINAL:
         _hold(elicitation, wait)
-        snapshot = service.peek(db.autocommit(), client, elicitation_id)
-        elicitation = _current_state(client, snapshot)
+        elicitation = _current_state(elicitation_id)
     return _answer(elicitation)
 
 
-def _current_state(client: ClientIdentity, snapshot: ElicitationSnapshot) -> AnyElicitation:
+def _current_state(elicitation_id: str) -> Elicitation:
     # Most reads find the elicitation as stored, and change nothing. Only an
-    # overdue one is loaded to be marked expired, in a transaction of its
-    # own with its audit row.
-    if not lifecycle.is_overdue(snapshot, current_clock().now()):
-        return snapshot
-    with db.transaction() as session:
-        return service.get(session, current_clock(), client, snapshot.id)
+    # overdue one is marked expired, in a write transaction with its audit row.
+    elicitation = service.get(db.session(), current_client(), elicitation_id)
+    if lifecycle.is_overdue(elicitation, current_clock().now()):
+        with db.transaction() as session:
+            service.expire_if_overdue(session, current_clock(), elicitation)
+    return elicitation
 
 
-def _hold(elicitation: AnyElicitation, wait: float) -> None:
-    # The database connections go back to the pool while this thread waits.
+def _hold(elicitation: Elicitation, wait: float) -> None:
+    # The database connection goes back to the pool while this thread waits.
     db.session().close()
-    db.release_autocommit()
     until_expiry = (elicitation.expires_at - current_clock().now()).total_seconds()
     hub: WaitHub = current_app.extensions["gateway.waits"]
     hub.wait(elicitation.id, min(wait, max(until_expiry, 0)))
@@ -160,7 +143,7 @@ def cancel(elicitation_id: str) -> tuple[Response, int]:
     """Cancel an open elicitation; its link stops working."""
     caller = _caller()
     with db.transaction() as session:
-        elicitation = service.get(session, current_clock(), caller.client, elicitation_id)
+        elicitation = service.get(session, caller.client, elicitation_id)
         service.cancel(session, current_clock(), elicitation, actor=caller.actor,
                        source_ip=caller.source_ip)
     return _answer(elicitation)

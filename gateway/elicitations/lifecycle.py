@@ -6,8 +6,9 @@
        └──── TTL passes / client cancels ────▶ expired / cancelled
 
 Each transition is one conditional UPDATE (``WHERE status = <the status we
-read>``) in the caller's transaction, with its audit row, and a change signal
-that wakes long-polls everywhere once the transaction commits. Two requests
+read>``) in the caller's transaction, with its audit row, its outbox row when
+it ends the elicitation, and a change signal that wakes long-polls everywhere
+once the transaction commits. Two requests
 racing to end the same elicitation cannot both win: the loser's UPDATE
 matches no row and it gets a conflict.
 """
@@ -18,18 +19,15 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from sqlalchemy import bindparam, update
+from sqlalchemy import update
 from sqlalchemy.orm import Session
-from sqlalchemy.orm.attributes import set_committed_value
 
 from gateway import changes
 from gateway.audit import service as audit
 from gateway.clients import service as clients
 from gateway.clock import Clock
-from gateway.db import UTCDateTime
-from gateway.elicitations.models import Elicitation, ElicitationSnapshot
+from gateway.elicitations.models import Elicitation
 from gateway.errors import Conflict
-from gateway.prepared import PreparedWrite
 from gateway.webhooks import outbox
 
 
@@ -60,7 +58,7 @@ class IllegalTransition(Conflict):
     title = "Not possible in this state"
 
 
-def is_overdue(elicitation: Elicitation | ElicitationSnapshot, now: datetime) -> bool:
+def is_overdue(elicitation: Elicitation, now: datetime) -> bool:
     """Whether the elicitation is still open although its time is up."""
     return elicitation.status in OPEN and now >= elicitation.expires_at
 
@@ -84,41 +82,37 @@ def transition(
     if to not in TRANSITIONS.get(current, frozenset()):
         raise IllegalTransition(f"an elicitation that is {current} cannot become {to}",
                                 elicitation_status=current.value)
-    stamped = "opened_at" if to is Status.OPENED else "ended_at"
-    # Read before the UPDATE: on SQLite the first write takes the one write
-    # lock, and every statement from there to the commit holds it longer.
-    webhook_url = (clients.webhook_url_of(session.connection(), elicitation.client_id)
-                   if to in TERMINAL else None)
-    result = _MOVES[stamped].run(session.connection(), {
-        "elicitation_id": elicitation.id, "from_status": current.value,
-        "to_status": to.value, "at": now})
-    if result.rowcount != 1:
+    stamped = Elicitation.opened_at if to is Status.OPENED else Elicitation.ended_at
+    # Conditional on the status read: of two requests ending it at once, the
+    # second matches no row. The session's copy of the row follows the UPDATE.
+    moved = session.execute(
+        update(Elicitation)
+        .where(Elicitation.id == elicitation.id, Elicitation.status == current.value)
+        .values({Elicitation.status: to.value, stamped: now})
+        .returning(Elicitation.id)).first()
+    if moved is None:
         session.refresh(elicitation)
         raise IllegalTransition(f"the elicitation became {elicitation.status} meanwhile",
                                 elicitation_status=elicitation.status)
-    for name, value in (("status", to.value), (stamped, now)):
-        # The row is written already; mark the object's copy clean so the
-        # flush does not write it twice.
-        set_committed_value(elicitation, name, value)
     audit.record(session, clock, actor=actor, action=f"elicitation.{to.value}",
                  target=elicitation.id, source_ip=source_ip,
                  details={"client_id": elicitation.client_id, "from": current.value,
                           **(details or {})})
     changes.announce(session, CHANGE_TOPIC)
     if to in TERMINAL:
-        _enqueue_event(session, clock, elicitation, webhook_url, event_data or {})
+        _enqueue_event(session, clock, elicitation, event_data or {})
     return elicitation
 
 
 def _enqueue_event(session: Session, clock: Clock, elicitation: Elicitation,
-                   webhook_url: str | None, extra: dict[str, Any]) -> None:
+                   extra: dict[str, Any]) -> None:
+    webhook_url = clients.webhook_url_of(session, elicitation.client_id)
     outbox.enqueue(session, clock, elicitation.client_id, webhook_url,
                    f"elicitation.{elicitation.status}", event_data(elicitation, extra),
                    elicitation_id=elicitation.id)
 
 
-def event_data(elicitation: Elicitation | ElicitationSnapshot,
-               extra: dict[str, Any]) -> dict[str, Any]:
+def event_data(elicitation: Elicitation, extra: dict[str, Any]) -> dict[str, Any]:
     """The ``data`` of the webhook event an elicitation's end sends, as its status now is."""
     return {
         "elicitation_id": elicitation.id,
@@ -128,17 +122,3 @@ def event_data(elicitation: Elicitation | ElicitationSnapshot,
         "metadata": elicitation.metadata_,
         **extra,
     }
-
-
-# Built once: a transition runs on every open, submit and cancel. Every move
-# stamps one time: opened_at when opened, ended_at when it ends.
-_TABLE: Final = Elicitation.metadata.tables[Elicitation.__tablename__]
-_MOVES: Final = {
-    stamped: PreparedWrite(
-        update(_TABLE)
-        .where(_TABLE.c.id == bindparam("elicitation_id"),
-               _TABLE.c.status == bindparam("from_status"))
-        .values({"status": bindparam("to_status", type_=_TABLE.c.status.type),
-                 stamped: bindparam("at", type_=UTCDateTime)}))
-    for stamped in ("opened_at", "ended_at")
-}

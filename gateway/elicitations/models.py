@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -40,38 +39,6 @@ class Elicitation(Base):
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     opened_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-
-
-@dataclass(frozen=True, slots=True)
-class ElicitationSnapshot:
-    """An elicitation as read, detached from any session: what a plain read answers with.
-
-    Loading a full ORM object costs more than the rest of a read together;
-    the API's read answers from this instead, and loads the object only when
-    it must change it (an overdue one is marked expired).
-    """
-
-    id: str
-    client_id: str
-    subject_iss: str
-    subject_sub: str
-    kind: str
-    credential_type: str | None
-    payment: dict[str, Any] | None
-    message: str
-    metadata_: dict[str, Any]
-    status: str
-    created_at: datetime
-    expires_at: datetime
-    opened_at: datetime | None
-    ended_at: datetime | None
-
-    @classmethod
-    def of(cls, elicitation: Elicitation | ElicitationSnapshot) -> ElicitationSnapshot:
-        """The snapshot of an elicitation as it is now (itself, if it is one)."""
-        if isinstance(elicitation, ElicitationSnapshot):
-            return elicitation
-        return cls(**{field: getattr(elicitation, field) for field in cls.__dataclass_fields__})
 
 
 class IdempotencyRecord(Base):

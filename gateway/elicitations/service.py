@@ -6,33 +6,30 @@ every state change happens through :mod:`gateway.elicitations.lifecycle`.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import Connection, and_, bindparam, or_, select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from gateway.audit import service as audit
 from gateway.clients.models import ClientIdentity
-from gateway.clients.service import OwnedLookup
 from gateway.clock import Clock
 from gateway.credentials.catalog import Catalog
-from gateway.db import UTCDateTime
 from gateway.elicitations import lifecycle
 from gateway.elicitations.lifecycle import OPEN, Status
-from gateway.elicitations.models import Elicitation, ElicitationSnapshot, IdempotencyRecord
+from gateway.elicitations.models import Elicitation, IdempotencyRecord
 from gateway.elicitations.schemas import (
     ELICITATION_ID,
     CreateApiKeyElicitation,
     CreatePaymentElicitation,
 )
 from gateway.errors import Conflict, GatewayError, InvalidInput, NotFound
+from gateway.identity.sessions import Subject
 from gateway.pagination import decode_cursor, encode_cursor, timestamp
-from gateway.prepared import PreparedInserts, PreparedSelect, PreparedWrite, insert_into
 from gateway.tokens import new_id
 
 MAX_PAGE: Final = 100
@@ -80,52 +77,39 @@ Create = CreateApiKeyElicitation | CreatePaymentElicitation
 
 
 def create(
-    connection: Connection, clock: Clock, caller: Caller, request: Create, *,
+    session: Session, clock: Clock, caller: Caller, request: Create, *,
     catalog: Catalog, payments_enabled: bool, public_url: str,
     idempotency_key: str | None, request_digest: str,
 ) -> Outcome:
     """Create an elicitation, or return the one a retry or a reuse refers to.
 
-    The new elicitation, its audit event and its idempotency record are
-    one statement (see :class:`gateway.prepared.PreparedInserts`): on an
-    autocommit ``connection``, as the API runs it, a change committed as it
-    runs; on one in a transaction, part of it. The reads before it would
-    take no lock inside a transaction either: a retry racing its twin
-    with the same Idempotency-Key fails on the key's unique constraint (the
-    caller then replays the twin's answer), and two identical creates at
-    the same instant may both create, as they could in a transaction.
+    In the caller's transaction. A retry racing its twin with the same
+    Idempotency-Key fails on the key's unique constraint when it commits;
+    run again, it replays the twin's answer.
     """
     if idempotency_key is not None:
-        replay = _replay(connection, clock, caller.client, idempotency_key, request_digest)
+        replay = _replay(session, clock, caller.client, idempotency_key, request_digest)
         if replay is not None:
             return replay
     _check_allowed(caller.client, request, catalog, payments_enabled)
     now = clock.now()
-    existing = (_reusable(connection, caller.client, request, now)
-                if request.reuse_pending else None)
+    existing = _reusable(session, caller.client, request, now) if request.reuse_pending \
+        else None
     if existing is not None:
         outcome = Outcome(200, represent(existing, public_url, now))
-        if idempotency_key is not None:
-            _REMEMBER.run(connection, _remembered(caller, idempotency_key, request_digest,
-                                                   outcome, now))
-        return outcome
-    created = _new(caller, request, now)
-    outcome = Outcome(201, represent(created, public_url, now))
-    rows = {
-        _TABLE.name: _row_of(created),
-        audit.TABLE.name: audit.event_row(
-            clock, actor=caller.actor, action="elicitation.created", target=created.id,
-            source_ip=caller.source_ip,
-            details={"client_id": caller.client.id, "kind": request.kind,
-                     "credential_type": created.credential_type,
-                     "ttl_seconds": request.ttl_seconds}),
-    }
-    if idempotency_key is None:
-        _CREATED.run(connection, rows)
     else:
-        rows[_IDEMPOTENCY.name] = _remembered(caller, idempotency_key, request_digest,
-                                              outcome, now)
-        _CREATED_REMEMBERED.run(connection, rows)
+        created = _new(caller, request, now)
+        session.add(created)
+        audit.record(session, clock, actor=caller.actor, action="elicitation.created",
+                     target=created.id, source_ip=caller.source_ip,
+                     details={"client_id": caller.client.id, "kind": request.kind,
+                              "credential_type": created.credential_type,
+                              "ttl_seconds": request.ttl_seconds})
+        outcome = Outcome(201, represent(created, public_url, now))
+    if idempotency_key is not None:
+        session.add(IdempotencyRecord(
+            client_id=caller.client.id, key=idempotency_key, request_digest=request_digest,
+            status_code=outcome.status_code, response=outcome.body, created_at=now))
     return outcome
 
 
@@ -134,25 +118,22 @@ def request_digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
-def _replay(connection: Connection, clock: Clock, client: ClientIdentity, key: str,
+def _replay(session: Session, clock: Clock, client: ClientIdentity, key: str,
             digest: str) -> Outcome | None:
-    record = _RECORD.first(connection, {"client_id": client.id, "key": key})
+    record = session.scalar(select(IdempotencyRecord).where(
+        IdempotencyRecord.client_id == client.id, IdempotencyRecord.key == key))
     if record is None:
         return None
     if clock.now() - record.created_at > IDEMPOTENCY_WINDOW:
-        # Forgotten: the key may name a new request now.
-        _FORGET.run(connection, {"id": record.id})
+        # Forgotten: the key may name a new request now. Deleted before the
+        # new record is added, which takes the same key.
+        session.delete(record)
+        session.flush()
         return None
     if record.request_digest != digest:
         raise IdempotencyConflict("this Idempotency-Key was used with a different request "
                                   "body; use a new key for a new request")
     return Outcome(record.status_code, record.response)
-
-
-def _remembered(caller: Caller, key: str, digest: str, outcome: Outcome,
-                now: datetime) -> dict[str, Any]:
-    return {"client_id": caller.client.id, "key": key, "request_digest": digest,
-            "status_code": outcome.status_code, "response": outcome.body, "created_at": now}
 
 
 def _check_allowed(client: ClientIdentity, request: Create, catalog: Catalog,
@@ -172,26 +153,29 @@ def _check_allowed(client: ClientIdentity, request: Create, catalog: Catalog,
                            field="credential_type")
 
 
-def _reusable(connection: Connection, client: ClientIdentity, request: Create,
-              now: datetime) -> ElicitationSnapshot | None:
-    rows = connection.execute(_REUSABLE, {
-        "client_id": client.id, "subject_iss": request.subject.iss,
-        "subject_sub": request.subject.sub, "kind": request.kind, "now": now})
+def _reusable(session: Session, client: ClientIdentity, request: Create,
+              now: datetime) -> Elicitation | None:
+    candidates = session.scalars(select(Elicitation).where(
+        Elicitation.client_id == client.id,
+        Elicitation.subject_iss == request.subject.iss,
+        Elicitation.subject_sub == request.subject.sub,
+        Elicitation.kind == request.kind,
+        Elicitation.status.in_([s.value for s in OPEN]),
+        Elicitation.expires_at > now,
+    ))
     # Newest first, sorted here rather than in SQL: an ORDER BY created_at
     # leads SQLite's planner to the (client_id, created_at) index, which scans
     # every elicitation the client ever made instead of the few of one subject.
     payment = _payment_fields(request)
-    candidates = sorted((ElicitationSnapshot(**row._asdict()) for row in rows),
-                        key=lambda e: e.created_at, reverse=True)
-    for candidate in candidates:
+    for candidate in sorted(candidates, key=lambda e: e.created_at, reverse=True):
         if candidate.credential_type == _credential_type(request) and \
                 candidate.payment == payment:
             return candidate
     return None
 
 
-def _new(caller: Caller, request: Create, now: datetime) -> ElicitationSnapshot:
-    return ElicitationSnapshot(
+def _new(caller: Caller, request: Create, now: datetime) -> Elicitation:
+    return Elicitation(
         # 144 random bits: the id is the URL, so it must not be guessable.
         id=new_id("el_", 18),
         client_id=caller.client.id,
@@ -210,12 +194,6 @@ def _new(caller: Caller, request: Create, now: datetime) -> ElicitationSnapshot:
     )
 
 
-def _row_of(elicitation: ElicitationSnapshot) -> dict[str, Any]:
-    values = {field: getattr(elicitation, field) for field in _SNAPSHOT_FIELDS}
-    values["metadata"] = values.pop("metadata_")
-    return values
-
-
 def _credential_type(request: Create) -> str | None:
     return request.credential_type if isinstance(request, CreateApiKeyElicitation) else None
 
@@ -229,76 +207,15 @@ def _payment_fields(request: Create) -> dict[str, Any] | None:
 # --- read, list, cancel -------------------------------------------------------------
 
 
-def get(session: Session, clock: Clock, client: ClientIdentity, elicitation_id: str) -> Elicitation:
-    """The client's elicitation, expired first if its time is up.
+def get(session: Session, client: ClientIdentity, elicitation_id: str) -> Elicitation:
+    """The client's elicitation as stored.
 
     Another client's elicitation is reported exactly like an unknown one.
     """
     elicitation = _load(session, elicitation_id)
     if elicitation is None or elicitation.client_id != client.id:
         raise NotFound(f"no elicitation {elicitation_id!r}")
-    expire_if_overdue(session, clock, elicitation)
     return elicitation
-
-
-def peek(connection: Connection, client: ClientIdentity,
-         elicitation_id: str) -> ElicitationSnapshot:
-    """The client's elicitation as stored, read without loading an ORM object.
-
-    Unlike :func:`get` it leaves an overdue elicitation as it is; the caller
-    checks :func:`lifecycle.is_overdue` and calls :func:`get` to mark it.
-    """
-    elicitation = peek_any(connection, elicitation_id)
-    if elicitation is None or elicitation.client_id != client.id:
-        raise NotFound(f"no elicitation {elicitation_id!r}")
-    return elicitation
-
-
-def peek_any(connection: Connection, elicitation_id: str) -> ElicitationSnapshot | None:
-    """Any client's elicitation as stored, for the portal, which checks whose it is."""
-    if not _ELICITATION_ID.fullmatch(elicitation_id):
-        return None
-    row = _PEEK.first(connection, {"id": elicitation_id})
-    return None if row is None else ElicitationSnapshot(**row._asdict())
-
-
-def snapshot_of(row: Any | None, elicitation_id: str) -> ElicitationSnapshot:
-    """The elicitation a read found (by :data:`OWN_ELICITATION`), or NotFound."""
-    if row is None:
-        raise NotFound(f"no elicitation {elicitation_id!r}")
-    return ElicitationSnapshot(**row._asdict())
-
-
-_TABLE: Final = Elicitation.metadata.tables[Elicitation.__tablename__]
-_COLUMNS: Final = _TABLE.c
-_SNAPSHOT_FIELDS: Final = tuple(field.name for field in dataclasses.fields(ElicitationSnapshot))
-# Built once; the labels are ElicitationSnapshot's field names.
-_PEEK_ANY: Final = select(*(
-    _COLUMNS.metadata.label(name) if name == "metadata_" else _COLUMNS[name]
-    for name in _SNAPSHOT_FIELDS
-))
-_BY_ID: Final = _PEEK_ANY.where(_COLUMNS.id == bindparam("id"))
-_PEEK: Final = PreparedSelect(_BY_ID)
-# The same read, joined to the API's token check: a read of the API costs one
-# statement (see gateway.web.api.looks_up).
-OWN_ELICITATION: Final = OwnedLookup(_BY_ID)
-_IDEMPOTENCY: Final = IdempotencyRecord.metadata.tables[IdempotencyRecord.__tablename__]
-_CREATED: Final = PreparedInserts("elicitation_created", _TABLE, audit.TABLE)
-_CREATED_REMEMBERED: Final = PreparedInserts(
-    "elicitation_created_remembered", _TABLE, audit.TABLE, _IDEMPOTENCY)
-_REMEMBER: Final = PreparedWrite(insert_into(_IDEMPOTENCY))
-_RECORD: Final = PreparedSelect(select(_IDEMPOTENCY).where(
-    _IDEMPOTENCY.c.client_id == bindparam("client_id"), _IDEMPOTENCY.c.key == bindparam("key")))
-_FORGET: Final = PreparedWrite(_IDEMPOTENCY.delete().where(_IDEMPOTENCY.c.id == bindparam("id")))
-# Still-open elicitations of one client, subject and kind, for the reuse rule.
-_REUSABLE: Final = _PEEK_ANY.where(
-    _COLUMNS.client_id == bindparam("client_id"),
-    _COLUMNS.subject_iss == bindparam("subject_iss"),
-    _COLUMNS.subject_sub == bindparam("subject_sub"),
-    _COLUMNS.kind == bindparam("kind"),
-    _COLUMNS.status.in_([s.value for s in OPEN]),
-    _COLUMNS.expires_at > bindparam("now", type_=UTCDateTime),
-)
 
 
 def _load(session: Session, elicitation_id: str) -> Elicitation | None:
@@ -384,6 +301,47 @@ def find(session: Session, clock: Clock, elicitation_id: str) -> Elicitation:
     return elicitation
 
 
+# --- the portal: the subject check --------------------------------------------------
+
+
+class WrongAccount(GatewayError):
+    """The signed-in user is not the one the elicitation was made for."""
+
+    status = 403
+    code = "wrong-account"
+    title = "This link is for another account"
+
+    def __init__(self, elicitation: Elicitation) -> None:
+        super().__init__("This link was created for another account.")
+        self.elicitation_id = elicitation.id
+        self.client_id = elicitation.client_id
+
+
+NO_SUCH_LINK: Final = ("This link is not valid. Go back to the app that sent it and open its "
+                       "link again.")
+
+
+def open_for(session: Session, clock: Clock, subject: Subject, elicitation_id: str, *,
+             actor: str, source_ip: str | None) -> Elicitation:
+    """The elicitation made for ``subject``: expired if its time is up, opened if pending.
+
+    The one subject check of the portal, run by every page and every POST
+    (the spec's phishing defence: a forwarded link is useless to anyone
+    else). Raises NotFound for an unknown link and WrongAccount for another
+    user's, before anything is changed.
+    """
+    elicitation = _load(session, elicitation_id)
+    if elicitation is None:
+        raise NotFound(NO_SUCH_LINK)
+    if (subject.iss, subject.sub) != (elicitation.subject_iss, elicitation.subject_sub):
+        raise WrongAccount(elicitation)
+    expire_if_overdue(session, clock, elicitation)
+    if elicitation.status == Status.PENDING:
+        lifecycle.transition(session, clock, elicitation, Status.OPENED, actor=actor,
+                             source_ip=source_ip)
+    return elicitation
+
+
 # --- representation -----------------------------------------------------------------
 
 
@@ -392,7 +350,7 @@ def url_of(elicitation_id: str, public_url: str) -> str:
     return f"{public_url}/e/{elicitation_id}"
 
 
-def represent(elicitation: Elicitation | ElicitationSnapshot, public_url: str,
+def represent(elicitation: Elicitation, public_url: str,
               now: datetime) -> dict[str, Any]:
     """The API's JSON view of an elicitation."""
     url = url_of(elicitation.id, public_url)

@@ -7,11 +7,10 @@ recorded as ``identity_mismatch``. Only then does anything change.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import datetime
-from typing import Any, Final, NoReturn
+from typing import Any
 
-from flask import Blueprint, current_app, render_template, request
+from flask import Blueprint, render_template, request
 from sqlalchemy.orm import Session
 from werkzeug.wrappers import Response
 
@@ -22,15 +21,16 @@ from gateway.credentials import verification
 from gateway.credentials.catalog import CredentialType, current_catalog
 from gateway.elicitations import lifecycle, service
 from gateway.elicitations.lifecycle import TERMINAL, Status
-from gateway.elicitations.models import Elicitation, ElicitationSnapshot
-from gateway.errors import GatewayError, NotFound
+from gateway.elicitations.models import Elicitation
+from gateway.elicitations.service import WrongAccount
+from gateway.errors import GatewayError
 from gateway.identity.sessions import Subject
-from gateway.identity.web import actor_of, current_subject, login_redirect
+from gateway.identity.web import actor_of, current_subject, signed_in
+from gateway.outbound import OutboundPolicy
 from gateway.pagination import timestamp
 from gateway.payments import pages as payments
 from gateway.vault.keyring import current_keyring
-from gateway.web.context import client_name, current_clock
-from gateway.outbound import OutboundPolicy
+from gateway.web.context import client_name, current_clock, current_settings
 
 blueprint = Blueprint("portal", __name__)
 
@@ -48,79 +48,88 @@ ENDED: dict[str, tuple[str, str, str]] = {
 }
 
 
-NO_SUCH_LINK: Final = ("This link is not valid. Go back to the app that sent it and open its "
-                       "link again.")
-
-
-class WrongAccount(GatewayError):
-    status = 403
-    code = "wrong-account"
-    title = "This link is for another account"
-
-
-@blueprint.errorhandler(WrongAccount)
+@blueprint.app_errorhandler(WrongAccount)
 def wrong_account(error: WrongAccount) -> tuple[str, int]:
-    """The refusal page: what happened and what to do, never whose link it was."""
+    """The refusal page: what happened and what to do, never whose link it was.
+
+    Recorded in a transaction of its own: the refusal stands although the
+    request's own transaction was rolled back by the error.
+    """
+    subject = current_subject()
+    if subject is not None:
+        with db.transaction() as session:
+            audit.record(session, current_clock(), actor=actor_of(subject),
+                         action="identity_mismatch", outcome="denied",
+                         target=error.elicitation_id, source_ip=request.remote_addr,
+                         details={"client_id": error.client_id, "method": request.method})
     return render_template("wrong_account.html"), error.status
 
 
+def open_for(session: Session, subject: Subject, elicitation_id: str) -> Elicitation:
+    """The portal's subject check for this request (see :func:`service.open_for`)."""
+    return service.open_for(session, current_clock(), subject, elicitation_id,
+                            actor=actor_of(subject), source_ip=request.remote_addr)
+
+
 @blueprint.get("/e/<id:elicitation_id>")
-def show(elicitation_id: str) -> Page:
+@signed_in()
+def show(elicitation_id: str, subject: Subject) -> Page:
     """The request, for the user it was made for; opening it moves it to ``opened``."""
-    subject = current_subject()
-    if subject is None:
-        return login_redirect(request.path)
     # Pages are rendered after the commit, never inside the transaction: on
-    # SQLite a transaction that wrote holds the one write lock until it ends.
+    # SQLite a transaction that writes holds the one write lock until it ends.
     with db.transaction() as session:
-        elicitation = _open(session, elicitation_id, subject)
+        elicitation = open_for(session, subject, elicitation_id)
     if elicitation.status in TERMINAL:
-        return _ended(elicitation)
+        return ended(elicitation)
     return _render(session, elicitation, subject)
 
 
 @blueprint.post("/e/<id:elicitation_id>")
-def answer(elicitation_id: str) -> Page:
+@signed_in(back="/e/{elicitation_id}")
+def answer(elicitation_id: str, subject: Subject) -> Page:
     """Submit the key, or decline; the subject is checked again before anything is written."""
-    subject = current_subject()
-    if subject is None:
-        return login_redirect(request.path)
     action = request.form.get("action")
     if action == "submit":
         return _submit(elicitation_id, subject, request.form.get("secret", ""))
     if action != "decline":
         raise GatewayError("This form sent an action the page does not have. Reload the page.")
     with db.transaction() as session:
-        elicitation = _open(session, elicitation_id, subject)
+        elicitation = open_for(session, subject, elicitation_id)
         if elicitation.status not in TERMINAL:
             lifecycle.transition(session, current_clock(), elicitation, Status.DECLINED,
                                  actor=actor_of(subject), source_ip=request.remote_addr)
-    return _ended(elicitation)
+    return ended(elicitation)
 
 
 def _submit(elicitation_id: str, subject: Subject, secret: str) -> Page:
-    """Check the key, then seal it, store it and complete the elicitation in one change."""
-    elicitation = _read(elicitation_id, subject)
+    """Check the key, then seal it, store it and complete the elicitation in one transaction."""
+    with db.transaction() as session:
+        elicitation = open_for(session, subject, elicitation_id)
     credential_type = _asked_type(elicitation)
     if credential_type is None:
-        return _ended(elicitation)
+        return ended(elicitation)
     # Checked outside any transaction: a live check may take seconds.
     error = _verified(credential_type, secret)
     if error is not None:
-        return _refused(elicitation_id, subject, error)
+        return _render(session, elicitation, subject, error=error.detail), error.status
     credential = credentials.seal_for(current_keyring(), elicitation, credential_type, secret,
                                       current_clock().now())
-    while not credentials.capture(current_clock(), elicitation, credential,
-                                  actor=actor_of(subject), source_ip=request.remote_addr):
-        # It moved on since it was read: ended (nothing more to store), or
-        # opened in another tab (stored now, as opened). At most twice.
-        elicitation = _read(elicitation_id, subject)
-        if elicitation.status in TERMINAL:
-            return _ended(elicitation)
-    return _ended(replace(elicitation, status=Status.COMPLETED.value))
+
+    def store() -> Elicitation:
+        with db.transaction() as session:
+            # Checked again: it may have ended, or been opened in another
+            # tab, while the key was checked.
+            current = open_for(session, subject, elicitation_id)
+            if current.status in TERMINAL:
+                return current
+            return credentials.capture(session, current_clock(), current, credential,
+                                       actor=actor_of(subject), source_ip=request.remote_addr)
+
+    return ended(db.retry_on_conflict(store, attempts=credentials.OWNER_RACES,
+                                      conflict=credentials.AnotherLiveKey))
 
 
-def _asked_type(elicitation: Elicitation | ElicitationSnapshot) -> CredentialType | None:
+def _asked_type(elicitation: Elicitation) -> CredentialType | None:
     """The type of key the elicitation asks for; None once it has ended."""
     if elicitation.status in TERMINAL:
         return None
@@ -137,73 +146,11 @@ def _verified(credential_type: CredentialType, secret: str) -> GatewayError | No
     try:
         credentials.check_shape(credential_type, secret)
         if credential_type.check is not None:
-            verification.require_valid(_outbound(), credential_type.check,
-                                       credential_type.label, secret)
+            verification.require_valid(OutboundPolicy.from_settings(current_settings()),
+                                       credential_type.check, credential_type.label, secret)
     except GatewayError as error:
         return error
     return None
-
-
-def _refused(elicitation_id: str, subject: Subject, error: GatewayError) -> Page:
-    """The form again, saying what is wrong with the key (never repeating it)."""
-    with db.transaction() as session:
-        elicitation = _open(session, elicitation_id, subject)
-    if elicitation.status in TERMINAL:
-        return _ended(elicitation)
-    return _render(session, elicitation, subject, error=error.detail), error.status
-
-
-def _read(elicitation_id: str, subject: Subject) -> ElicitationSnapshot:
-    """As :func:`_checked`, read outside any transaction while nothing needs changing."""
-    elicitation = service.peek_any(db.autocommit(), elicitation_id)
-    if elicitation is None:
-        raise NotFound(NO_SUCH_LINK)
-    if (subject.iss, subject.sub) != (elicitation.subject_iss, elicitation.subject_sub):
-        _refuse(elicitation, subject)
-    if lifecycle.is_overdue(elicitation, current_clock().now()):
-        with db.transaction() as session:  # marked expired
-            return ElicitationSnapshot.of(_checked(session, elicitation_id, subject))
-    return elicitation
-
-
-def _open(session: Session, elicitation_id: str, subject: Subject) -> Elicitation:
-    """The subject-checked elicitation, moved to ``opened`` if it was still pending."""
-    elicitation = _checked(session, elicitation_id, subject)
-    _mark_opened(session, elicitation, subject)
-    return elicitation
-
-
-def _mark_opened(session: Session, elicitation: Elicitation, subject: Subject) -> None:
-    """Move a checked elicitation that is still pending to ``opened``."""
-    if elicitation.status == Status.PENDING:
-        lifecycle.transition(session, current_clock(), elicitation, Status.OPENED,
-                             actor=actor_of(subject), source_ip=request.remote_addr)
-
-
-def _outbound() -> OutboundPolicy:
-    return OutboundPolicy.from_settings(current_app.extensions["gateway.settings"])
-
-
-def _checked(session: Session, elicitation_id: str, subject: Subject) -> Elicitation:
-    """The elicitation, if it exists and was made for this subject; expired if overdue."""
-    elicitation = session.get(Elicitation, elicitation_id)
-    if elicitation is None:
-        raise NotFound(NO_SUCH_LINK)
-    if (subject.iss, subject.sub) != (elicitation.subject_iss, elicitation.subject_sub):
-        _refuse(elicitation, subject)
-    service.expire_if_overdue(session, current_clock(), elicitation)
-    return elicitation
-
-
-def _refuse(elicitation: Elicitation | ElicitationSnapshot, subject: Subject) -> NoReturn:
-    # Recorded in a transaction of its own: the refusal stands even though
-    # the request's own transaction is rolled back by the error.
-    with db.engine().begin() as connection, Session(bind=connection) as record:
-        audit.record(record, current_clock(), actor=actor_of(subject), action="identity_mismatch",
-                     outcome="denied", target=elicitation.id, source_ip=request.remote_addr,
-                     details={"client_id": elicitation.client_id, "method": request.method})
-        record.flush()
-    raise WrongAccount("This link was created for another account.")
 
 
 def _render(session: Session, elicitation: Elicitation, subject: Subject,
@@ -222,7 +169,8 @@ def _render(session: Session, elicitation: Elicitation, subject: Subject,
     return payments.checkout_page(session, context)
 
 
-def _ended(elicitation: Elicitation | ElicitationSnapshot) -> str:
+def ended(elicitation: Elicitation) -> str:
+    """The page of an elicitation that has ended: done, declined, expired or withdrawn."""
     heading, tone, text = ENDED[Status(elicitation.status)]
     return render_template("elicitation_ended.html", heading=heading, tone=tone, text=text,
                            client_name=client_name(elicitation.client_id))

@@ -18,14 +18,13 @@ from typing import Any, Final
 
 from flask import Flask, Request, Response
 from flask.sessions import SessionInterface, SessionMixin
-from sqlalchemy import Engine, bindparam, delete, select, update
+from sqlalchemy import Engine, delete, select, update
 from sqlalchemy.orm import sessionmaker
 from werkzeug.datastructures import CallbackDict
 
 from gateway import db
 from gateway.clock import Clock
 from gateway.identity.models import BrowserSession
-from gateway.prepared import PreparedSelect
 from gateway.settings import Secret, Settings
 from gateway.tokens import keyed_digest, new_token
 
@@ -79,7 +78,7 @@ class ServerSessionInterface(SessionInterface):
     """Flask's session, kept in the ``browser_sessions`` table."""
 
     def __init__(self, engine: Engine, clock: Clock, settings: Settings) -> None:
-        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._sessions = sessionmaker(db.for_writes(engine), expire_on_commit=False)
         self._clock = clock
         self._pepper: Secret = settings.token_pepper
         self._idle = timedelta(minutes=settings.session_idle_minutes)
@@ -89,9 +88,9 @@ class ServerSessionInterface(SessionInterface):
         token = request.cookies.get(COOKIE_NAME)
         if not token:
             return ServerSession()
-        # On the request's autocommit connection: most requests read their session
-        # and write nothing.
-        row = _LOOKUP.first(db.autocommit(), {"digest": keyed_digest(self._pepper, token)})
+        # In the request's session: most requests read their session and write nothing.
+        row = db.session().execute(_LOOKUP.where(
+            BrowserSession.digest == keyed_digest(self._pepper, token))).first()
         if row is None:
             return ServerSession()
         now = self._clock.now()
@@ -162,9 +161,6 @@ class ServerSessionInterface(SessionInterface):
                 BrowserSession.digest == keyed_digest(self._pepper, token)))
 
 
-_SESSIONS: Final = BrowserSession.metadata.tables[BrowserSession.__tablename__]
-# Built once: every page request with a cookie runs it.
-_LOOKUP: Final = PreparedSelect(select(
-    _SESSIONS.c.subject_iss, _SESSIONS.c.subject_sub, _SESSIONS.c.data,
-    _SESSIONS.c.created_at, _SESSIONS.c.last_seen_at,
-).where(_SESSIONS.c.digest == bindparam("digest")))
+_LOOKUP: Final = select(BrowserSession.subject_iss, BrowserSession.subject_sub,
+                        BrowserSession.data, BrowserSession.created_at,
+                        BrowserSession.last_seen_at)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 from urllib.parse import urlencode, urlsplit
 
-from flask import redirect, session, url_for
+from flask import redirect, request, session, url_for
 from werkzeug.wrappers import Response
 
 from gateway.identity.sessions import ServerSession, Subject
@@ -62,3 +65,29 @@ def safe_next(candidate: str | None) -> str:
     if parts.scheme or parts.netloc:
         return SAFE_FALLBACK
     return candidate
+
+
+View = TypeVar("View", bound=Callable[..., Any])
+
+
+def signed_in(back: str | None = None) -> Callable[[View], View]:
+    """Run the view for a signed-in user, passed as ``subject``; send anyone else to log in.
+
+    After the login a GET comes back to where it was. A POST cannot be
+    replayed, so it comes back to ``back`` (formatted with the route's
+    variables, e.g. ``"/e/{elicitation_id}"``), the page its form was on.
+    """
+
+    def decorate(view: View) -> View:
+        @functools.wraps(view)
+        def checked(**arguments: Any) -> Any:
+            subject = current_subject()
+            if subject is None:
+                if request.method == "GET" or back is None:
+                    return login_redirect(request.full_path.rstrip("?"))
+                return login_redirect(back.format(**arguments))
+            return view(subject=subject, **arguments)
+
+        return cast(View, checked)
+
+    return decorate

@@ -9,14 +9,14 @@ the one form-less POST outside the API: it proves itself with
 from __future__ import annotations
 
 from flask import Blueprint, current_app, jsonify, redirect, request
-from sqlalchemy.exc import IntegrityError
 from werkzeug.wrappers import Response
 
 from gateway import db
 from gateway.elicitations.lifecycle import TERMINAL
-from gateway.elicitations.views import Page, _checked, _ended, _open
+from gateway.elicitations.views import Page, ended, open_for
 from gateway.errors import GatewayError, NotFound
-from gateway.identity.web import actor_of, current_subject, login_redirect
+from gateway.identity.sessions import Subject
+from gateway.identity.web import actor_of, signed_in
 from gateway.payments import pages, service
 from gateway.payments.service import PaymentInProgress, PaymentStatus
 from gateway.payments.stripe_gateway import CHECKOUT_ORIGIN, Stripe
@@ -36,17 +36,15 @@ def _stripe() -> Stripe:
 
 @blueprint.post("/e/<id:elicitation_id>/checkout")
 @csp_allow("form-action", CHECKOUT_ORIGIN)  # an error page here may offer "try again"
-def checkout(elicitation_id: str) -> Page:
+@signed_in(back="/e/{elicitation_id}")
+def checkout(elicitation_id: str, subject: Subject) -> Page:
     """Start (or resume) Stripe Checkout for the user the payment was asked of: 303 to Stripe."""
-    subject = current_subject()
-    if subject is None:
-        return login_redirect(f"/e/{elicitation_id}")
     settings: Settings = current_app.extensions["gateway.settings"]
     actor, source_ip = actor_of(subject), request.remote_addr
     with db.transaction() as session:
-        elicitation = _open(session, elicitation_id, subject)
+        elicitation = open_for(session, subject, elicitation_id)
         if elicitation.status in TERMINAL:
-            return _ended(elicitation)
+            return ended(elicitation)
         if elicitation.kind != "payment":
             raise GatewayError("This request is not a payment. Reload the page.")
         try:
@@ -62,36 +60,31 @@ def checkout(elicitation_id: str) -> Page:
     assert plan.request is not None
     # Outside any transaction: Stripe may take a moment to answer.
     created = _stripe().create_checkout_session(plan.request)
-    for attempt in (1, 2):
-        try:
-            with db.transaction() as session:
-                # Checked again: the elicitation may have ended while Stripe answered.
-                elicitation = _open(session, elicitation_id, subject)
-                if elicitation.status in TERMINAL:
-                    return _ended(elicitation)
-                payment = service.record_checkout(session, current_clock(), elicitation, plan,
-                                                  created, actor=actor, source_ip=source_ip)
-                url = payment.checkout_url
-            break
-        except IntegrityError:
-            # A double click: the other request stored the same session first;
-            # the second pass finds it.
-            if attempt == 2:
-                raise
-    assert url is not None
-    return redirect(url, code=303)
+
+    def record() -> Page:
+        with db.transaction() as session:
+            # Checked again: the elicitation may have ended while Stripe answered.
+            elicitation = open_for(session, subject, elicitation_id)
+            if elicitation.status in TERMINAL:
+                return ended(elicitation)
+            payment = service.record_checkout(session, current_clock(), elicitation, plan,
+                                              created, actor=actor, source_ip=source_ip)
+            assert payment.checkout_url is not None
+            return redirect(payment.checkout_url, code=303)
+
+    # A double click: the other request stored the same session first; the
+    # second attempt finds it.
+    return db.retry_on_conflict(record, attempts=2)
 
 
 @blueprint.get("/e/<id:elicitation_id>/return")
 @csp_allow("form-action", CHECKOUT_ORIGIN)  # "not paid" offers "try again"
-def returned(elicitation_id: str) -> Page:
+@signed_in()
+def returned(elicitation_id: str, subject: Subject) -> Page:
     """Back from Stripe: ask Stripe how it went, settle it, and say so."""
-    subject = current_subject()
-    if subject is None:
-        return login_redirect(request.full_path)
     session_id = request.args.get("session_id", "")
     with db.transaction() as session:
-        elicitation = _checked(session, elicitation_id, subject)
+        elicitation = open_for(session, subject, elicitation_id)
         payment = service.payment_of_session(session, session_id) if session_id else None
         if payment is None or payment.elicitation_id != elicitation.id:
             raise NotFound(_NOT_OURS)
@@ -101,7 +94,7 @@ def returned(elicitation_id: str) -> Page:
             return pages.outcome_page(elicitation, payment)
     checkout = _stripe().retrieve_checkout_session(session_id)
     with db.transaction() as session:
-        elicitation = _checked(session, elicitation_id, subject)
+        elicitation = open_for(session, subject, elicitation_id)
         payment = service.fulfil(session, current_clock(), checkout, service.status_of(checkout),
                                  actor=actor_of(subject), source_ip=request.remote_addr)
         if payment is None:
@@ -118,15 +111,13 @@ def stripe_webhook() -> tuple[Response, int]:
     """
     event = _stripe().verify_event(request.get_data(cache=False),
                                    request.headers.get("Stripe-Signature"))
-    for attempt in (1, 2):
-        try:
-            with db.transaction() as session:
-                outcome = service.handle_event(session, current_clock(), event,
-                                               source_ip=request.remote_addr)
-            break
-        except IntegrityError:
-            # The same event delivered twice at once: the other delivery
-            # committed it; the second pass finds its id and does nothing.
-            if attempt == 2:
-                raise
+
+    def handle() -> str:
+        with db.transaction() as session:
+            return service.handle_event(session, current_clock(), event,
+                                        source_ip=request.remote_addr)
+
+    # The same event delivered twice at once: the other delivery committed
+    # it; the second attempt finds its id and does nothing.
+    outcome = db.retry_on_conflict(handle, attempts=2)
     return jsonify({"received": True, "outcome": outcome}), 200

@@ -11,11 +11,10 @@ from typing import Any, Final, TypeVar
 
 from flask import Blueprint, Flask, current_app, g, request
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import Connection
 
 from gateway import db
 from gateway.clients.models import ClientIdentity
-from gateway.clients.service import OwnedLookup, authenticate
+from gateway.clients.service import authenticate
 from gateway.errors import GatewayError, InvalidInput
 from gateway.settings import Settings
 from gateway.web import ratelimit
@@ -23,8 +22,6 @@ from gateway.web import ratelimit
 PREFIX: Final = "/api/v1"
 View = TypeVar("View", bound=Callable[..., object])
 _PUBLIC_ATTRIBUTE: Final = "_public_api"
-_AUTOCOMMIT_ATTRIBUTE: Final = "_autocommit_api"
-_LOOKUP_ATTRIBUTE: Final = "_api_lookup"
 # Query parameters that, by convention, carry tokens (RFC 6750 section 2.3).
 _TOKEN_PARAMETERS: Final = frozenset({"access_token", "token", "api_token", "api_key"})
 T = TypeVar("T")
@@ -64,36 +61,6 @@ def public(view: View) -> View:
     return view
 
 
-def autocommit(view: View) -> View:
-    """Mark a change that runs outside any transaction, as one statement.
-
-    Its token is then checked on the autocommit connection too, so the
-    request opens no transaction at all (see :func:`gateway.db.autocommit`).
-    """
-    setattr(view, _AUTOCOMMIT_ATTRIBUTE, True)
-    return view
-
-
-def looks_up(lookup: OwnedLookup, **parameters: str) -> Callable[[View], View]:
-    """Read the view's row in the token check's own statement (see :class:`OwnedLookup`).
-
-    ``parameters`` name, for each of the look-up's parameters, the route's
-    variable that gives its value: ``@looks_up(OWN_ROW, id="row_id")``. The
-    view gets the row from :func:`looked_up`.
-    """
-
-    def mark(view: View) -> View:
-        setattr(view, _LOOKUP_ATTRIBUTE, (lookup, parameters))
-        return view
-
-    return mark
-
-
-def looked_up() -> Any | None:
-    """The row the view's :func:`looks_up` found: None if there is none, or another client's."""
-    return g.looked_up
-
-
 def init_app(app: Flask, settings: Settings, children: Iterable[Blueprint]) -> None:
     """Mount the feature blueprints under /api/v1 behind authentication and limits."""
     parent = Blueprint("api", __name__, url_prefix=PREFIX)
@@ -124,29 +91,7 @@ def _authenticate() -> None:
     view = current_app.view_functions.get(request.endpoint or "")
     if getattr(view, _PUBLIC_ATTRIBUTE, False):
         return
-    connection = _connection_for(view)
-    lookup = getattr(view, _LOOKUP_ATTRIBUTE, None)
-    if lookup is None:
-        g.client = authenticate(connection, ratelimit.token_digest())
-        return
-    statement, parameters = lookup
-    arguments = request.view_args or {}
-    g.client, g.looked_up = statement.run(connection, ratelimit.token_digest(), {
-        name: arguments[variable] for name, variable in parameters.items()})
-
-
-# Methods whose routes only read.
-_READS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
-
-
-def _connection_for(view: object) -> Connection:
-    # A read, or a change marked autocommit, checks the token on the
-    # autocommit connection (no transaction); any other change checks it on
-    # the connection its transaction will use, so the request takes one
-    # connection from the pool, not two.
-    if request.method in _READS or getattr(view, _AUTOCOMMIT_ATTRIBUTE, False):
-        return db.autocommit()
-    return db.session().connection()
+    g.client = authenticate(db.session(), ratelimit.token_digest())
 
 
 def json_body(adapter: TypeAdapter[T]) -> T:

@@ -25,4 +25,4 @@ def current_clock() -> Clock:
 def client_name(client_id: str) -> str:
     """The client's registered name, as pages show it to users."""
     names: ClientNames = current_app.extensions["gateway.client_names"]
-    return names.of(client_id, db.autocommit)
+    return names.of(client_id, db.session())

@@ -37,9 +37,10 @@ from gateway import changes
 from gateway.clients.models import Client
 from gateway.clients.service import current_webhook_secrets
 from gateway.clock import Clock
+from gateway.db import for_writes
+from gateway.outbound import BlockedDestination, GuardedPool, OutboundPolicy, finish
 from gateway.vault.keyring import Keyring
 from gateway.webhooks import signing
-from gateway.outbound import BlockedDestination, GuardedPool, OutboundPolicy, finish
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ class Dispatcher:
         if not 0 < send_timeout < lease.total_seconds() / 3:
             raise ValueError("a send must time out well within the lease")
         self._engine = engine
-        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._sessions = sessionmaker(for_writes(engine), expire_on_commit=False)
         self._clock = clock
         self._keyring = keyring
         self._policy = policy
@@ -322,7 +323,7 @@ class Dispatcher:
                     wait = max(wait, min(result.retry_after, MAX_RETRY_AFTER))
                 retried.append({**key, "b_next": now + wait, "b_error": result.error})
         taken = 0
-        with self._engine.begin() as connection:
+        with for_writes(self._engine).begin() as connection:
             for statement, rows in ((_DELIVERED, delivered), (_RETRIED, retried), (_DEAD, dead)):
                 if rows:
                     taken += connection.execute(statement, rows).rowcount

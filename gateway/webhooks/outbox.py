@@ -14,7 +14,6 @@ from sqlalchemy.orm import Session
 from gateway import changes
 from gateway.clock import Clock
 from gateway.pagination import timestamp
-from gateway.prepared import PreparedWrite, insert_into
 from gateway.tokens import new_id
 from gateway.webhooks.models import WebhookEvent
 
@@ -27,25 +26,12 @@ def enqueue(session: Session, clock: Clock, client_id: str, webhook_url: str | N
     """Add an event for the client; its id, or None when it has no webhook URL to send it to."""
     if not webhook_url:
         return None
-    row = event_row(clock, client_id, event_type, data, elicitation_id=elicitation_id)
-    # A prepared INSERT, not an ORM object: every submit, payment and cancel
-    # with a webhook writes one, and nothing reads it back in the transaction.
-    _INSERT.run(session.connection(), row)
-    changes.announce(session, CHANGE_TOPIC)
-    return str(row["id"])
-
-
-def event_row(clock: Clock, client_id: str, event_type: str, data: dict[str, Any], *,
-              elicitation_id: str | None = None) -> dict[str, Any]:
-    """A new event as its outbox row, due now."""
     now = clock.now()
     body = json.dumps({"type": event_type, "timestamp": timestamp(now), "data": data},
                       separators=(",", ":"), ensure_ascii=False)
-    return {"id": new_id("msg_", 18), "client_id": client_id, "type": event_type,
-            "elicitation_id": elicitation_id, "body": body, "status": "pending",
-            "attempts": 0, "next_attempt_at": now, "lease_until": None, "created_at": now,
-            "delivered_at": None, "last_error": None}
-
-
-TABLE: Final = WebhookEvent.metadata.tables[WebhookEvent.__tablename__]
-_INSERT: Final = PreparedWrite(insert_into(TABLE))
+    event = WebhookEvent(id=new_id("msg_", 18), client_id=client_id, type=event_type,
+                         elicitation_id=elicitation_id, body=body, status="pending",
+                         attempts=0, next_attempt_at=now, created_at=now)
+    session.add(event)
+    changes.announce(session, CHANGE_TOPIC)
+    return event.id

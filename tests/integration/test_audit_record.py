@@ -1,4 +1,4 @@
-"""A request's audit events are written together at its commit, and only then."""
+"""An audit event commits with the change it records, in its order, or not at all."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from sqlalchemy import event, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway import db
@@ -26,28 +26,12 @@ def stored(app: Flask) -> list[tuple[str, str, str | None, dict[str, Any]]]:
         return [(row.action, row.actor, row.source_ip, row.details) for row in rows]
 
 
-def audit_inserts(app: Flask) -> list[str]:
-    """The INSERT statements into the audit table, collected while the test runs."""
-    seen: list[str] = []
-
-    def spy(connection: Any, cursor: Any, statement: str, *rest: Any) -> None:
-        if statement.startswith("INSERT INTO audit_events"):
-            seen.append(statement)
-
-    with app.app_context():
-        event.listen(db.engine(), "before_cursor_execute", spy)
-    return seen
-
-
-def test_the_events_of_a_transaction_are_one_statement_in_their_order(
+def test_the_events_of_a_transaction_are_kept_in_their_order(
     app: Flask, clock: FixedClock,
 ) -> None:
-    inserts = audit_inserts(app)
     with app.app_context(), db.transaction() as session:
         for number in range(3):
             record(session, clock, f"test.step{number}", number=number)
-        assert inserts == []  # nothing is written before the commit
-    assert len(inserts) == 1
     assert stored(app) == [(f"test.step{number}", "operator:test", "192.0.2.7",
                             {"number": number}) for number in range(3)]
 
@@ -65,9 +49,8 @@ def test_a_transaction_that_fails_leaves_no_event(app: Flask, clock: FixedClock)
     assert [action for action, *_ in stored(app)] == ["test.kept"]
 
 
-def test_a_session_of_its_own_writes_at_once(app: Flask, clock: FixedClock) -> None:
-    # As the CLI's and the worker's sessions are: the event is in the
-    # transaction as soon as it is recorded.
+def test_a_session_of_its_own_sees_its_event_at_once(app: Flask, clock: FixedClock) -> None:
+    # As the CLI's and the worker's sessions are.
     with app.app_context(), db.engine().begin() as connection, \
             Session(bind=connection) as session:
         record(session, clock, "test.at-once")
