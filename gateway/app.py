@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from flask import Flask
 from flask_wtf.csrf import CSRFProtect
 
@@ -25,44 +22,10 @@ from gateway.payments.stripe_gateway import Stripe
 from gateway.settings import Settings, load_settings
 from gateway.web import api, openapi, ratelimit
 from gateway.web.converters import IdConverter
-from gateway.web.errors import DATABASE_UNAVAILABLE
 
 MAX_REQUEST_BYTES = 64 * 1024
 
 csrf = CSRFProtect()
-
-
-class GatewayFlask(Flask):
-    """Flask, remembering which of its views and hooks are synchronous, and
-    leaving a database that is away out of its error log (see log_exception).
-
-    Flask asks ``inspect`` whether each hook is a coroutine function before
-    calling it, on every request: a dozen look-ups per request for an answer
-    that never changes.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._callable_as_sync: dict[Callable[..., Any], Callable[..., Any]] = {}
-
-    def ensure_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
-        try:
-            return self._callable_as_sync[func]
-        except KeyError:
-            result = self._callable_as_sync[func] = super().ensure_sync(func)
-            return result
-
-    def log_exception(self, exc_info: Any) -> None:
-        """Log an error no handler answered, but not a database that is away.
-
-        That one is answered 503 and logged in one line by its handler (see
-        :mod:`gateway.web.errors`); when it happens while the request is set
-        up (its session read), Flask would also log its traceback, once per
-        request for as long as the database is away.
-        """
-        if isinstance(exc_info[1], DATABASE_UNAVAILABLE):
-            return
-        super().log_exception(exc_info)
 
 
 def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
@@ -73,7 +36,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     ``stripe`` replaces the Stripe the settings choose.
     """
     settings = settings or load_settings()
-    app = GatewayFlask(
+    app = Flask(
         "gateway",
         template_folder=str(resources.TEMPLATES),
         static_folder=str(resources.STATIC),

@@ -7,22 +7,19 @@ and its outbox row commit together or not at all. Reads use the request's
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
 from flask import Flask, current_app, g
-from sqlalchemy import Connection, DateTime, Engine, MetaData, create_engine, event
-from sqlalchemy.engine import Dialect, make_url
+from sqlalchemy import DateTime, Engine, MetaData, create_engine
+from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
-from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.types import TypeDecorator
 
-from gateway import wal
+from gateway import sqlite
 
 # Stable constraint names, so migrations can alter constraints on both backends.
 NAMING_CONVENTION = {
@@ -65,81 +62,25 @@ POSTGRES_POOL_SIZE: Final = 24
 POSTGRES_MAX_OVERFLOW: Final = 8
 POSTGRES_CONNECTIONS_PER_PROCESS: Final = POSTGRES_POOL_SIZE + POSTGRES_MAX_OVERFLOW
 
-# How long SQLite waits for another writer before "database is locked".
-SQLITE_BUSY_TIMEOUT_S: Final = 15.0
-# The execution option that marks a connection's transaction as one that writes.
-WRITES: Final = "gateway_writes"
 
 
 def make_engine(database_url: str, **options: Any) -> Engine:
     """An engine for the URL; SQLite gets WAL, foreign keys and a busy timeout."""
     # A pool as large as the requests a worker serves at once: a connection
     # returned to a full pool is closed and another opened for the next one.
-    if not database_url.startswith("sqlite"):
-        # A connection can die while pooled (a server restart, a proxy's
-        # idle timeout); it is replaced before a request gets it.
-        options.setdefault("pool_pre_ping", True)
-        options.setdefault("pool_size", POSTGRES_POOL_SIZE)
-        options.setdefault("max_overflow", POSTGRES_MAX_OVERFLOW)
-        return create_engine(database_url, **options)
-    options.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_S})
-    on_file = _is_sqlite_file(database_url)
-    if on_file:
-        options.setdefault("pool_size", 32)
-        options.setdefault("max_overflow", 64)
-        _create_private(make_url(database_url).database)
-    engine = create_engine(database_url, **options)
-    event.listen(engine, "connect", _tune_sqlite)
-    event.listen(engine, "begin", _begin_sqlite)
-    if on_file:
-        event.listen(engine, "connect", lambda *_: wal.keep_small(engine))
-    return engine
+    if database_url.startswith("sqlite"):
+        return sqlite.make_engine(database_url, **options)
+    # A connection can die while pooled (a server restart, a proxy's idle
+    # timeout); it is replaced before a request gets it.
+    options.setdefault("pool_pre_ping", True)
+    options.setdefault("pool_size", POSTGRES_POOL_SIZE)
+    options.setdefault("max_overflow", POSTGRES_MAX_OVERFLOW)
+    return create_engine(database_url, **options)
 
 
 def for_writes(engine: Engine) -> Engine:
     """The engine, its transactions marked as writing (SQLite then begins them IMMEDIATE)."""
-    return engine.execution_options(**{WRITES: True})
-
-
-def _tune_sqlite(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
-    # WAL lets readers run while one writer commits; SQLite leaves foreign keys
-    # off unless every connection asks for them. The driver's own transaction
-    # handling is off, so that _begin_sqlite says how each transaction begins
-    # (SQLAlchemy's documented recipe for pysqlite).
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.close()
-    dbapi_connection.isolation_level = None
-
-
-def _begin_sqlite(connection: Connection) -> None:
-    # A transaction that will write takes the write lock when it begins, and
-    # waits for it in the busy timeout. Begun DEFERRED, it would take the lock
-    # at its first write, and SQLite answers "database is locked" at once,
-    # without waiting, when another writer committed since its first read.
-    writes = connection.get_execution_options().get(WRITES, False)
-    connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
-
-
-def _create_private(path: str | None) -> None:
-    # SQLite creates a missing database with the process's umask (often
-    # readable by everyone), and its -wal and -shm files take the database's
-    # mode. Created here first, owner-only. An existing file keeps the mode
-    # its operator gave it; a folder that does not exist is SQLite's error to
-    # report, at the first connection.
-    if not path:
-        return
-    with contextlib.suppress(FileExistsError, FileNotFoundError, NotADirectoryError):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-
-
-def _is_sqlite_file(database_url: str) -> bool:
-    # An in-memory database gets SQLAlchemy's one-connection-per-thread pool,
-    # which takes no pool sizes.
-    database = make_url(database_url).database
-    return bool(database) and database != ":memory:" and "mode=memory" not in database_url
+    return engine.execution_options(**{sqlite.WRITES: True})
 
 
 def init_app(app: Flask, database_url: str) -> None:
@@ -177,13 +118,13 @@ def transaction() -> Iterator[Session]:
     begins as one that writes. A block inside another joins it.
     """
     current = session()
-    if current.info.get(WRITES):
+    if current.info.get(sqlite.WRITES):
         yield current
         return
     if current.in_transaction():
         current.commit()  # a read only: nothing is written
-    current.connection(execution_options={WRITES: True})
-    current.info[WRITES] = True
+    current.connection(execution_options={sqlite.WRITES: True})
+    current.info[sqlite.WRITES] = True
     try:
         yield current
         current.commit()
@@ -191,7 +132,7 @@ def transaction() -> Iterator[Session]:
         current.rollback()
         raise
     finally:
-        current.info.pop(WRITES, None)
+        current.info.pop(sqlite.WRITES, None)
 
 
 T = TypeVar("T")

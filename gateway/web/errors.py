@@ -58,6 +58,14 @@ def init_app(app: Flask) -> None:
     for unavailable in DATABASE_UNAVAILABLE:
         app.register_error_handler(unavailable, _handle_database_unavailable)
     app.register_error_handler(Exception, _handle_unexpected)
+    # Its handler answers a database that is away in one line; raised while
+    # the request is set up (its session read), it would also reach Flask's
+    # own error log with a traceback, once per request while it is away.
+    app.logger.addFilter(_not_database_unavailable)
+
+
+def _not_database_unavailable(record: logging.LogRecord) -> bool:
+    return not (record.exc_info and isinstance(record.exc_info[1], DATABASE_UNAVAILABLE))
 
 
 def problem(

@@ -1,0 +1,79 @@
+"""The embedded database: a SQLite file in WAL mode, its transactions and its log.
+
+SQLite has one writer at a time. A transaction that will write takes the
+write lock when it begins (``BEGIN IMMEDIATE``) and waits for it up to the
+busy timeout. Begun DEFERRED, it would take the lock at its first write, and
+SQLite answers "database is locked" at once, without waiting, when another
+writer committed since the transaction's first read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Final
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import ConnectionPoolEntry
+
+from gateway import wal
+
+# How long a writer waits for another before "database is locked".
+BUSY_TIMEOUT_S: Final = 15.0
+# The execution option that marks a connection's transaction as one that writes.
+WRITES: Final = "gateway_writes"
+
+
+def make_engine(database_url: str, **options: Any) -> Engine:
+    """An engine on a SQLite file (or in memory), in WAL mode with foreign keys on."""
+    options.setdefault("connect_args", {"timeout": BUSY_TIMEOUT_S})
+    on_file = is_file(database_url)
+    if on_file:
+        options.setdefault("pool_size", 32)
+        options.setdefault("max_overflow", 64)
+        _create_private(make_url(database_url).database)
+    engine = create_engine(database_url, **options)
+    event.listen(engine, "connect", _tune)
+    event.listen(engine, "begin", _begin)
+    if on_file:
+        # Started with the process's first connection to the file: not in a
+        # process that never opens it, and again in each forked worker.
+        event.listen(engine, "connect", lambda *_: wal.keep_small(engine))
+    return engine
+
+
+def is_file(database_url: str) -> bool:
+    """Whether the URL names a file (an in-memory database takes no pool sizes)."""
+    database = make_url(database_url).database
+    return bool(database) and database != ":memory:" and "mode=memory" not in database_url
+
+
+def _tune(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+    # WAL lets readers run while one writer commits; SQLite leaves foreign keys
+    # off unless every connection asks for them. The driver's own transaction
+    # handling is off, so that _begin says how each transaction begins
+    # (SQLAlchemy's documented recipe for pysqlite).
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+    dbapi_connection.isolation_level = None
+
+
+def _begin(connection: Connection) -> None:
+    writes = connection.get_execution_options().get(WRITES, False)
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
+
+
+def _create_private(path: str | None) -> None:
+    # SQLite creates a missing database with the process's umask (often
+    # readable by everyone), and its -wal and -shm files take the database's
+    # mode. Created here first, owner-only. An existing file keeps the mode
+    # its operator gave it; a folder that does not exist is SQLite's error to
+    # report, at the first connection.
+    if not path:
+        return
+    with contextlib.suppress(FileExistsError, FileNotFoundError, NotADirectoryError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
