@@ -41,8 +41,9 @@ class Options:
     tls_files: tuple[Path, Path] | None
     with_worker: bool = False
     # Each worker process on one CPU of its own, when there are as many workers
-    # as CPUs or more (see gateway.serving.affinity).
-    pin_workers: bool = True
+    # as CPUs or more (see gateway.serving.affinity). Off unless asked: a pinned
+    # worker cannot move off a CPU that other busy programs on the host share.
+    pin_workers: bool = False
 
 
 def gunicorn_config(settings: Settings, options: Options) -> dict[str, Any]:
