@@ -43,17 +43,16 @@ STEPS: Final = frozenset({"read", "write"})
 # Where the floor server finds its database (see bare.py).
 ENVIRONMENT: Final = "BENCH_FLOOR_DATABASE"
 # Connections per process, as many as the gateway's pool keeps on
-# PostgreSQL: wrk's 32 connections do not always split evenly between the
-# two processes (11 and 21 seen), and the floor must not queue where the
-# gateway would not.
+# PostgreSQL: wrk's connections do not always split evenly between the
+# processes, and the floor must not queue where the gateway would not.
 POOL_SIZE: Final = 24
 # How long a request waits for a pooled connection before it fails.
 POOL_TIMEOUT_S: Final = 30.0
 # A pooled connection unused this long is closed. PostgreSQL serves 100
 # connections by default (3 of them kept for superusers); the gateway's two
 # workers may open 32 each, and the floor's 24 each, left open and idle
-# while the gateway was measured, made the gateway's long-polls fail with
-# "too many clients" (342 of them in one run, 5 December).
+# while the gateway is measured, would make the gateway's long-polls fail
+# with "too many clients".
 IDLE_CLOSE_S: Final = 2.0
 # How often each process looks for connections left idle.
 IDLE_CHECK_S: Final = 0.5

@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/run.py [--database sqlite|postgres] [--scenario NAME ...]
                                   [--duration S] [--connections N] [--wrk-threads N]
-                                  [--workers N] [--threads N] [--rounds N] [--warmup S]
-                                  [--hold N] [--floor] [--json PATH]
+                                  [--workers N] [--threads N] [--pin-workers]
+                                  [--rounds N] [--warmup S] [--hold N] [--floor] [--json PATH]
 
 One run starts both servers from scratch, measures every chosen scenario on
 each with wrk (alternating targets, so drift hits both alike), prints the
@@ -101,9 +101,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=_positive, default=DEFAULT_THREADS,
                         help="gunicorn threads per worker, both servers "
                              f"(default {DEFAULT_THREADS})")
-    parser.add_argument("--no-pin-workers", dest="pin_workers", action="store_false",
-                        help="leave each worker's CPU to the kernel, both servers (as "
-                             "`gateway serve --no-pin-workers`)")
+    parser.add_argument("--pin-workers", action="store_true",
+                        help="keep each worker on a CPU of its own, both servers (as "
+                             "`gateway serve --pin-workers`)")
     parser.add_argument("--rounds", type=_positive, default=2,
                         help="measured runs per target and scenario (default 2)")
     parser.add_argument("--warmup", type=int, default=2,

@@ -430,18 +430,19 @@ SESSION_COOKIE = "__Host-gateway_session"
 SECRET = "bench-" + "k" * 40
 # Pending elicitations made for `submit`, one per measured request: enough for
 # the default load (the check, 2 s warm-up and 2 rounds of 10 s on the
-# gateway) at up to 650 submits/s twice over, more than the rate seen on 2
-# cores (550 to 630/s). A run that needs more fails the scenario rather than
-# measure submits to completed elicitations: raise it for longer runs.
+# gateway) with room to spare at the submit rates bench/HISTORY.md records. A
+# run that needs more fails the scenario rather than measure submits to
+# completed elicitations: raise it for longer runs.
 SUBMIT_POOL = 30_000
 # API clients the pool is spread over, in turn along the paths. A user's key
 # for one client and type has one owner, and an owner's captures take turns
 # on purpose: the newer one supersedes the older (on PostgreSQL, of two at
 # once the second is refused by the index of live keys and runs again).
 # Real load spreads over many users and apps; one owner for every submit
-# would measure those reruns instead. With 16 owners, at 600 submits/s on
-# PostgreSQL, 2 or 3 submits in 13,000 met another of their owner's in five
-# reruns running and were answered 409 ("submit it again").
+# would measure those reruns instead. With 16 owners, a few submits on
+# PostgreSQL kept meeting another of their owner's committing first and were
+# answered 409 ("submit it again"); with 32, about one submit per owner runs
+# at once (bench/HISTORY.md).
 SUBMIT_CLIENTS = 32
 # The submit client's webhook: an event per completion goes to the outbox, as
 # for any client with a webhook; nothing delivers it during the bench.

@@ -156,7 +156,7 @@ def run_gateway(environ: dict[str, str], folder: Path, options: Options) -> Iter
     # measured on its own by bench/webhooks.py.
     command = (*GATEWAY_COMMAND, "serve", "--host", options.host, "--port", str(options.port),
                "--workers", str(options.workers), "--threads", str(options.threads),
-               "--no-worker", "--pin-workers" if options.pin_workers else "--no-pin-workers")
+               "--no-worker", *(["--pin-workers"] if options.pin_workers else []))
     certfile, _ = dev_certificate_paths(Path(environ["GATEWAY_INSTANCE_PATH"]))
     with _started("gateway", command, environ, folder, options.port) as server:
         # serve writes the certificate before it binds, so it exists once the port answers.
@@ -167,7 +167,7 @@ def run_gateway(environ: dict[str, str], folder: Path, options: Options) -> Iter
 
 
 def gateway_options(port: int, workers: int, threads: int, instance: Path, *,
-                    pin_workers: bool = True) -> Options:
+                    pin_workers: bool = False) -> Options:
     """How ``gateway serve`` will serve: its own development certificate, on loopback."""
     return Options(host=HOST, port=port, workers=workers, threads=threads,
                    tls_files=dev_certificate_paths(instance), pin_workers=pin_workers)

@@ -4,19 +4,16 @@ SQLite checkpoints its log on its own once it holds 1,000 pages, but only
 passively: a checkpoint copies what no reader still needs, and the log
 starts over from its beginning only at a moment when no reader is using it.
 Under steady requests some reader always is, so the log grows for as long
-as the load lasts. Measured on 4 December 2026 with the key submits of
-``bench/``: 560 MB in 30 seconds, and a second 10-second round of submits
-at about half the rate of the first (285/s after 503/s), because every read
-looks its pages up in a log that keeps growing.
+as the load lasts, and every read gets slower as it looks its pages up in
+a log that keeps growing (bench/HISTORY.md has the runs).
 
 So every process that opens the file also runs a keeper thread: once a
 second it looks at the log's size and, past :data:`CHECKPOINT_BYTES`, runs a
 ``TRUNCATE`` checkpoint. That one waits for the readers of the moment (a
 request's worth of milliseconds) and holds new writers back while it copies
-the log into the database, then empties the log (up to about 120 ms each,
-measured). Measured the same way with the keeper, creates then submits: the
-log peaked at 62 MB, and the two rounds of submits ran at 589/s and 491/s
-(270/s in the second round without it).
+the log into the database, then empties the log: a short pause for the
+writers now and then instead of reads that slow down for as long as the
+load lasts.
 """
 
 from __future__ import annotations

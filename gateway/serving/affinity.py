@@ -5,19 +5,16 @@ holds the interpreter lock runs Python. Every call that lets the lock go
 (each SQLite or PostgreSQL statement, each TLS read and write) hands it to
 another of the process's threads; when that thread sits on another CPU, the
 lock travels between the CPUs with the work's memory, and the thread that
-let it go is put to sleep until it comes back. On a 2-CPU machine, 16
-threads of one process answering API reads spent twice the CPU per read of
-one thread alone, and about as much as one thread once the process was kept
-on one CPU; under the benchmark's load, two pinned workers answered every
-kind of request faster (bench/HISTORY.md, 5 December 2026).
+let it go is put to sleep until it comes back. Kept on one CPU, a worker's
+threads hand the lock over without that trip (bench/HISTORY.md has the runs).
 
-The CPUs are those the server was started on (``taskset``, a container's
-cpuset), and workers are pinned only when there is at least one for each of
-them: a server with fewer workers than CPUs leaves its workers' placement to
-the kernel, so that several such servers on one host never crowd the same
-CPUs while others idle (start one under ``taskset`` with as many CPUs as
-workers to pin it). ``gateway serve --no-pin-workers`` never pins: for a
-host where other busy programs share the same CPUs.
+Only ``gateway serve --pin-workers`` pins, since a pinned worker cannot move
+off a CPU that other busy programs on the host share. The CPUs are those the
+server was started on (``taskset``, a container's cpuset), and workers are
+pinned only when there is at least one for each of them: a server with fewer
+workers than CPUs leaves its workers' placement to the kernel, so that
+several such servers on one host never crowd the same CPUs while others idle
+(start one under ``taskset`` with as many CPUs as workers to pin it).
 """
 
 from __future__ import annotations

@@ -36,10 +36,10 @@ LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
               help="Serve plain HTTP to a TLS-terminating proxy; needs GATEWAY_PROXY_HOPS >= 1.")
 @click.option("--no-worker", is_flag=True,
               help="Do not run `gateway worker` beside the server (run workers apart).")
-@click.option("--pin-workers/--no-pin-workers", default=True, show_default=True,
+@click.option("--pin-workers", is_flag=True,
               help="With at least one worker per CPU, keep each worker process on a "
                    "CPU of its own, where its threads share the interpreter lock "
-                   "fastest; --no-pin-workers leaves placement to the kernel.")
+                   "fastest; otherwise the kernel places them.")
 def serve(host: str, port: int, workers: int, threads: int, certfile: Path | None,
           keyfile: Path | None, no_tls: bool, no_worker: bool, pin_workers: bool) -> None:
     """Serve the gateway over HTTPS (and, unless --no-worker, send its webhooks)."""

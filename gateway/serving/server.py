@@ -41,8 +41,9 @@ class Options:
     tls_files: tuple[Path, Path] | None
     with_worker: bool = False
     # Each worker process on one CPU of its own, when there are as many workers
-    # as CPUs or more (see gateway.serving.affinity).
-    pin_workers: bool = True
+    # as CPUs or more (see gateway.serving.affinity). Off unless asked: a pinned
+    # worker cannot move off a CPU that other busy programs on the host share.
+    pin_workers: bool = False
 
 
 def gunicorn_config(settings: Settings, options: Options) -> dict[str, Any]:
@@ -70,9 +71,8 @@ def gunicorn_config(settings: Settings, options: Options) -> dict[str, Any]:
         # Each worker listens on a socket of its own (SO_REUSEPORT), and the
         # kernel spreads new connections over them by their addresses. On one
         # shared socket, whichever worker is running when a burst of
-        # connections arrives accepts them all, and keeps them: measured with
-        # 32 keep-alive connections opened at once, in some runs every one
-        # landed on one of two workers, which then served at half the rate.
+        # connections arrives accepts them all, and keeps them, while the
+        # other workers idle (bench/HISTORY.md, "Half-speed rounds").
         # `gateway serve` checks first that no other program holds the port.
         "reuse_port": True,
     }

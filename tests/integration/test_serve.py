@@ -174,10 +174,10 @@ needs_cpus = pytest.mark.skipif(not pins(len(CPUS)) or len(CPUS) > 8,
 
 
 @needs_cpus
-def test_with_a_worker_per_cpu_each_runs_on_a_cpu_of_its_own(
+def test_pinned_with_a_worker_per_cpu_each_runs_on_a_cpu_of_its_own(
     start_server: Callable[..., Server],
 ) -> None:
-    server = start_server("--workers", str(len(CPUS)), "--no-worker")
+    server = start_server("--workers", str(len(CPUS)), "--no-worker", "--pin-workers")
     workers = _workers_listening(server, count=len(CPUS))
     placed = {pid: os.sched_getaffinity(pid) for pid in workers}
     assert sorted(cpu for cpus in placed.values() for cpu in cpus) == CPUS, placed
@@ -193,12 +193,13 @@ def test_with_a_worker_per_cpu_each_runs_on_a_cpu_of_its_own(
 
 
 @needs_cpus
-@pytest.mark.parametrize("placement", [("--workers", "1"), ("--no-pin-workers",)],
-                         ids=["fewer-workers-than-cpus", "no-pin-workers"])
+@pytest.mark.parametrize("placement", [("--pin-workers", "--workers", "1"), ()],
+                         ids=["fewer-workers-than-cpus", "not-asked"])
 def test_otherwise_the_kernel_places_the_workers(
     start_server: Callable[..., Server], placement: tuple[str, ...],
 ) -> None:
-    # Several single-worker servers on one host must not all crowd one CPU.
+    # Even when asked, several single-worker servers on one host must not all
+    # crowd one CPU.
     server = start_server("--workers", str(len(CPUS)), "--no-worker", *placement)
     workers = _workers_listening(server, count=1 if "--workers" in placement else len(CPUS))
     assert all(os.sched_getaffinity(pid) == set(CPUS) for pid in workers)

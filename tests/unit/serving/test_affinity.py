@@ -74,10 +74,16 @@ def pinned(tmp_path: Path, options: Options) -> bool:
 
 
 @pytest.mark.usefixtures("four_cpus")
-def test_workers_are_pinned_by_default_when_there_is_one_for_each_cpu(tmp_path: Path) -> None:
+def test_workers_are_pinned_when_asked_and_there_is_one_for_each_cpu(tmp_path: Path) -> None:
     assert pinned(tmp_path, options(4))
     assert pinned(tmp_path, options(6))
     assert not pinned(tmp_path, options(4, pin_workers=False))
+
+
+@pytest.mark.usefixtures("four_cpus")
+def test_workers_are_not_pinned_unless_asked(tmp_path: Path) -> None:
+    assert not pinned(tmp_path, Options(host="127.0.0.1", port=8443, workers=4, threads=8,
+                                        tls_files=None))
 
 
 @pytest.mark.usefixtures("four_cpus")
