@@ -102,4 +102,4 @@ def test_a_storage_outage_lets_the_api_answer(
         response = api.get("/api/v1/elicitations")
         assert response.status_code == 200
         assert "X-RateLimit-Remaining" not in response.headers
-    assert "rate limit storage failed" in caplog.text
+    assert "Failed to rate limit" in caplog.text
