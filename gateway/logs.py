@@ -32,9 +32,10 @@ _RECORD_ATTRIBUTES: Final = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 _OWN_FIELDS: Final = frozenset({"request_id"})
 # Libraries whose info lines narrate routine work (alembic describes its
-# migration context on every command that checks the schema): heard from at
-# warning and above, everything at debug.
-_CHATTY_LIBRARIES: Final = ("alembic",)
+# migration context on every command that checks the schema; Flask-Limiter
+# writes a line for every request it refuses, which the access log already
+# shows): heard from at warning and above, everything at debug.
+_CHATTY_LIBRARIES: Final = ("alembic", "flask-limiter")
 
 
 def configure(settings: Settings, stream: TextIO | None = None) -> logging.Handler:

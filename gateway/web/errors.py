@@ -53,7 +53,7 @@ def init_app(app: Flask) -> None:
     """Give every request an id and register the error handlers."""
     app.before_request(_assign_request_id)
     app.after_request(_echo_request_id)
-    app.register_error_handler(GatewayError, _handle_domain_error)
+    app.register_error_handler(GatewayError, render_error)
     app.register_error_handler(HTTPException, _handle_http_error)
     for unavailable in DATABASE_UNAVAILABLE:
         app.register_error_handler(unavailable, _handle_database_unavailable)
@@ -109,7 +109,8 @@ def _echo_request_id(response: Response) -> Response:
     return response
 
 
-def _handle_domain_error(error: GatewayError) -> Response:
+def render_error(error: GatewayError) -> Response:
+    """The answer to a domain error, with the headers it asks for."""
     response = _render(error.status, error.code, error.title, error.detail, error.extra)
     response.headers.update(error.headers())
     return response

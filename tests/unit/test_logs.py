@@ -43,7 +43,8 @@ def start_logging(make_settings: Callable[..., Settings]) -> Iterator[Start]:
         root.removeHandler(handler)
         handler.close()
     root.setLevel(level)
-    logging.getLogger("alembic").setLevel(logging.NOTSET)
+    for library in ("alembic", "flask-limiter"):
+        logging.getLogger(library).setLevel(logging.NOTSET)
 
 
 def written(stream: TextIO) -> str:
@@ -100,6 +101,15 @@ def test_the_level_setting_filters(start_logging: Start) -> None:
     logging.getLogger("gateway").warning("worth a look")
     [line] = written(stream).splitlines()
     assert line.endswith("WARNING gateway: worth a look")
+
+
+def test_the_limiter_is_heard_from_only_when_something_is_wrong(start_logging: Start) -> None:
+    stream = start_logging("text", level="info")
+    limiter = logging.getLogger("flask-limiter")
+    limiter.info("ratelimit 3 per 1 minute (token:x) exceeded at endpoint: api")
+    limiter.error("Failed to rate limit. Swallowing error")
+    [line] = written(stream).splitlines()
+    assert line.endswith("ERROR flask-limiter: Failed to rate limit. Swallowing error")
 
 
 @pytest.mark.parametrize("log_format", ["json", "text"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -41,10 +42,44 @@ def test_over_the_token_limit_gets_429_with_retry_after(
     for _ in range(3):
         assert api.get("/api/v1/elicitations").status_code == 200
     refused = api.get("/api/v1/elicitations")
-    assert_problem(refused, 429)
+    assert_problem(refused, 429, "this API token")
     assert 0 < int(refused.headers["Retry-After"]) <= 60
     # Another token from the same address has its own budget.
     assert Api(client_for(app), second.api_token).get("/api/v1/elicitations").status_code == 200
+
+
+def test_api_answers_report_the_token_budget(
+    limited_app: Callable[..., Flask], register: Callable[..., Registered],
+) -> None:
+    app = limited_app(GATEWAY_RATELIMIT_API="5/minute")
+    api = Api(client_for(app), register().api_token)
+    first, second = api.get("/api/v1/elicitations"), api.get("/api/v1/elicitations")
+    assert first.headers["X-RateLimit-Limit"] == "5"
+    assert [first.headers["X-RateLimit-Remaining"],
+            second.headers["X-RateLimit-Remaining"]] == ["4", "3"]
+    assert 0 < int(first.headers["X-RateLimit-Reset"]) - time.time() <= 61
+
+
+def test_one_budget_covers_every_route_of_the_api(
+    limited_app: Callable[..., Flask], register: Callable[..., Registered],
+) -> None:
+    app = limited_app(GATEWAY_RATELIMIT_API="3/minute")
+    api = Api(client_for(app), register().api_token)
+    assert api.get("/api/v1/elicitations").status_code == 200
+    assert api.get("/api/v1/credentials").status_code == 200
+    assert api.get("/api/v1/elicitations").status_code == 200
+    assert_problem(api.get("/api/v1/credentials"), 429)
+
+
+def test_a_new_window_starts_a_new_budget(
+    limited_app: Callable[..., Flask], register: Callable[..., Registered],
+) -> None:
+    app = limited_app(GATEWAY_RATELIMIT_API="2/second")
+    api = Api(client_for(app), register().api_token)
+    answers = [api.get("/api/v1/elicitations").status_code for _ in range(3)]
+    assert answers == [200, 200, 429]
+    time.sleep(1.1)
+    assert api.get("/api/v1/elicitations").status_code == 200
 
 
 def test_the_address_limit_holds_whatever_the_token(
@@ -55,7 +90,7 @@ def test_the_address_limit_holds_whatever_the_token(
     for _ in range(4):
         client.get("/api/v1/elicitations", headers={"Authorization": "Bearer gw_guess"})
     response = Api(client, register().api_token).get("/api/v1/elicitations")
-    assert_problem(response, 429)
+    assert_problem(response, 429, "this address")
     assert "Retry-After" in response.headers
 
 
@@ -102,4 +137,4 @@ def test_a_storage_outage_lets_the_api_answer(
         response = api.get("/api/v1/elicitations")
         assert response.status_code == 200
         assert "X-RateLimit-Remaining" not in response.headers
-    assert "rate limit storage failed" in caplog.text
+    assert "Failed to rate limit" in caplog.text
