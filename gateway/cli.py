@@ -91,10 +91,10 @@ def operator() -> str:
 @contextmanager
 def transaction() -> Iterator[Session]:
     """One transaction on the configured database; domain errors become one line."""
-    from gateway.db import for_writes, make_engine
+    from gateway.db import make_engine
 
     engine = make_engine(settings().database_url)
-    session = sessionmaker(for_writes(engine), expire_on_commit=False)()
+    session = sessionmaker(engine, expire_on_commit=False)()
     try:
         yield session
         session.commit()

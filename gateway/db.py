@@ -78,16 +78,18 @@ def make_engine(database_url: str, **options: Any) -> Engine:
     return create_engine(database_url, **options)
 
 
-def for_writes(engine: Engine) -> Engine:
-    """The engine, its transactions marked as writing (SQLite then begins them IMMEDIATE)."""
-    return engine.execution_options(**{sqlite.WRITES: True})
+def for_reads(engine: Engine) -> Engine:
+    """The engine for connections that only read: on SQLite they never wait for writers."""
+    return engine.execution_options(**{sqlite.READS: True})
 
 
 def init_app(app: Flask, database_url: str) -> None:
     """Attach a lazily connecting engine and a session factory to the app."""
     engine = make_engine(database_url)
     app.extensions["gateway.engine"] = engine
-    app.extensions["gateway.sessionmaker"] = sessionmaker(engine, expire_on_commit=False)
+    # The request's session reads; db.transaction() makes it write.
+    app.extensions["gateway.sessionmaker"] = sessionmaker(for_reads(engine),
+                                                          expire_on_commit=False)
     app.teardown_appcontext(_close_session)
 
 
@@ -110,6 +112,9 @@ def session() -> Session:
     return result
 
 
+_WRITING: Final = "gateway.writing"
+
+
 @contextmanager
 def transaction() -> Iterator[Session]:
     """Run the block as one write transaction on the request's session: commit, or roll back.
@@ -118,13 +123,13 @@ def transaction() -> Iterator[Session]:
     begins as one that writes. A block inside another joins it.
     """
     current = session()
-    if current.info.get(sqlite.WRITES):
+    if current.info.get(_WRITING):
         yield current
         return
     if current.in_transaction():
         current.commit()  # a read only: nothing is written
-    current.connection(execution_options={sqlite.WRITES: True})
-    current.info[sqlite.WRITES] = True
+    current.connection(execution_options={sqlite.READS: False})
+    current.info[_WRITING] = True
     try:
         yield current
         current.commit()
@@ -132,7 +137,7 @@ def transaction() -> Iterator[Session]:
         current.rollback()
         raise
     finally:
-        current.info.pop(sqlite.WRITES, None)
+        current.info.pop(_WRITING, None)
 
 
 T = TypeVar("T")

@@ -28,7 +28,7 @@ from gateway.clients import service as clients
 from gateway.clients.models import ClientIdentity
 from gateway.clock import SystemClock
 from gateway.credentials.catalog import catalog_path, load_catalog
-from gateway.db import for_writes, make_engine
+from gateway.db import make_engine
 from gateway.elicitations import service as elicitations
 from gateway.elicitations.schemas import create_adapter
 from gateway.files import FileError
@@ -106,7 +106,7 @@ def _seed(settings: Settings, receiver: str) -> tuple[str | None, str, str]:
     password = secrets.token_urlsafe(12)
     clock = SystemClock()
     link: str | None = None
-    with sessionmaker(for_writes(engine), expire_on_commit=False).begin() as session:
+    with sessionmaker(engine, expire_on_commit=False).begin() as session:
         minted = clients.create_client(
             session, clock, keyring=load_keyring(settings), pepper=settings.token_pepper,
             catalog=load_catalog(catalog_path(settings)),

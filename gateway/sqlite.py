@@ -1,10 +1,12 @@
 """The embedded database: a SQLite file in WAL mode, its transactions and its log.
 
-SQLite has one writer at a time. A transaction that will write takes the
-write lock when it begins (``BEGIN IMMEDIATE``) and waits for it up to the
-busy timeout. Begun DEFERRED, it would take the lock at its first write, and
-SQLite answers "database is locked" at once, without waiting, when another
-writer committed since the transaction's first read.
+SQLite has one writer at a time. A transaction takes the write lock when it
+begins (``BEGIN IMMEDIATE``) and waits for it up to the busy timeout. Begun
+DEFERRED, it would take the lock at its first write, and SQLite answers
+"database is locked" at once, without waiting, when another writer committed
+since the transaction's first read. Only a connection marked :data:`READS`
+(a request's reads, outside :func:`gateway.db.transaction`) begins DEFERRED,
+so that readers never wait for writers.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from gateway import wal
 
 # How long a writer waits for another before "database is locked".
 BUSY_TIMEOUT_S: Final = 15.0
-# The execution option that marks a connection's transaction as one that writes.
-WRITES: Final = "gateway_writes"
+# The execution option that marks a connection whose transactions only read.
+READS: Final = "gateway_reads"
 
 
 def make_engine(database_url: str, **options: Any) -> Engine:
@@ -63,8 +65,8 @@ def _tune(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
 
 
 def _begin(connection: Connection) -> None:
-    writes = connection.get_execution_options().get(WRITES, False)
-    connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
+    reads = connection.get_execution_options().get(READS, False)
+    connection.exec_driver_sql("BEGIN" if reads else "BEGIN IMMEDIATE")
 
 
 def _create_private(path: str | None) -> None:

@@ -14,7 +14,7 @@ from gateway.clients.models import WebhookSecret
 from gateway.clients.service import webhook_secret_binding
 from gateway.credentials.models import Credential
 from gateway.credentials.service import binding as credential_binding
-from gateway.db import make_engine
+from gateway.db import for_reads, make_engine
 from gateway.elicitations.lifecycle import Status
 from gateway.elicitations.models import Elicitation
 from gateway.pagination import timestamp
@@ -87,7 +87,7 @@ def _opens_one(session: Session, keyring: Keyring, version: int) -> bool:
 
 
 def _figures(engine: Any) -> dict[str, Any]:
-    with engine.connect() as connection:
+    with for_reads(engine).connect() as connection:
         states = dict.fromkeys((s.value for s in Status), 0)
         states.update(_counts(connection, Elicitation.status))
         outbox = _counts(connection, WebhookEvent.status)

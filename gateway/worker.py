@@ -22,7 +22,7 @@ from sqlalchemy.orm import sessionmaker
 
 from gateway import cli
 from gateway.clock import Clock, SystemClock
-from gateway.db import for_writes, make_engine
+from gateway.db import make_engine
 from gateway.elicitations.service import expire_overdue
 from gateway.outbound import OutboundPolicy
 from gateway.settings import Settings
@@ -73,7 +73,7 @@ def worker(once: bool) -> None:
     """Send webhooks and expire elicitations whose time is up."""
     settings = cli.settings()  # which also starts logging as the settings say
     engine = make_engine(settings.database_url)
-    factory = sessionmaker(for_writes(engine), expire_on_commit=False)
+    factory = sessionmaker(engine, expire_on_commit=False)
     dispatcher = _dispatcher(settings)
     if once:
         try:

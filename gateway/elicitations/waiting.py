@@ -23,6 +23,7 @@ from typing import Final
 from sqlalchemy import Engine, select
 
 from gateway import changes
+from gateway.db import for_reads
 from gateway.elicitations.lifecycle import OPEN
 from gateway.elicitations.models import Elicitation
 
@@ -104,7 +105,7 @@ class WaitHub:
         with self._lock:
             watched = list(self._waiters)
         ended: list[str] = []
-        with self._engine.connect() as connection:
+        with for_reads(self._engine).connect() as connection:
             for start in range(0, len(watched), _BATCH):
                 batch = watched[start:start + _BATCH]
                 ended += connection.scalars(select(Elicitation.id).where(

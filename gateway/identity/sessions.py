@@ -78,7 +78,7 @@ class ServerSessionInterface(SessionInterface):
     """Flask's session, kept in the ``browser_sessions`` table."""
 
     def __init__(self, engine: Engine, clock: Clock, settings: Settings) -> None:
-        self._sessions = sessionmaker(db.for_writes(engine), expire_on_commit=False)
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._clock = clock
         self._pepper: Secret = settings.token_pepper
         self._idle = timedelta(minutes=settings.session_idle_minutes)

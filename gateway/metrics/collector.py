@@ -17,6 +17,7 @@ from sqlalchemy import Engine, case, func, select
 
 from gateway.audit.models import AuditEvent
 from gateway.clock import Clock
+from gateway.db import for_reads
 from gateway.elicitations.models import Elicitation
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent
 
@@ -39,7 +40,7 @@ class DatabaseCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily |
                                   HistogramMetricFamily]:
-        with self._engine.connect() as connection:
+        with for_reads(self._engine).connect() as connection:
             now = self._clock.now()
             elicitations = GaugeMetricFamily(
                 "gateway_elicitations", "Elicitations by kind and state",

@@ -35,7 +35,7 @@ def healthz() -> Response:
 def readyz() -> tuple[Response, int]:
     """The database answers and its schema is the one this code expects."""
     try:
-        with db.engine().connect() as connection:
+        with db.for_reads(db.engine()).connect() as connection:
             connection.execute(text("SELECT 1"))
         current = migrations.is_current(db.engine())
     except SQLAlchemyError as error:

@@ -37,7 +37,7 @@ from gateway import changes
 from gateway.clients.models import Client
 from gateway.clients.service import current_webhook_secrets
 from gateway.clock import Clock
-from gateway.db import for_writes
+from gateway.db import for_reads
 from gateway.outbound import BlockedDestination, GuardedPool, OutboundPolicy, finish
 from gateway.vault.keyring import Keyring
 from gateway.webhooks import signing
@@ -115,7 +115,7 @@ class Dispatcher:
         if not 0 < send_timeout < lease.total_seconds() / 3:
             raise ValueError("a send must time out well within the lease")
         self._engine = engine
-        self._sessions = sessionmaker(for_writes(engine), expire_on_commit=False)
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._clock = clock
         self._keyring = keyring
         self._policy = policy
@@ -225,11 +225,13 @@ class Dispatcher:
             and_(WebhookEvent.status == "pending", WebhookEvent.next_attempt_at <= now),
             and_(WebhookEvent.status == "delivering", WebhookEvent.lease_until <= now),
         )).order_by(WebhookEvent.next_attempt_at).limit(limit)
-        # A read first: a wake-up with nothing due (the signal also fires for
-        # other changes) then costs no write, and on SQLite takes no write lock
-        # from the requests that are writing.
-        if session.scalar(due.limit(1)) is None:
-            return []
+        # A read first, on a connection of its own that only reads: a wake-up
+        # with nothing due (the signal also fires for other changes) then
+        # begins no write transaction, and on SQLite takes no write lock from
+        # the requests that are writing.
+        with for_reads(self._engine).connect() as reader:
+            if reader.scalar(due.limit(1)) is None:
+                return []
         if self._engine.dialect.name == "postgresql":
             due = due.with_for_update(skip_locked=True)
         return session.execute(
@@ -323,7 +325,7 @@ class Dispatcher:
                     wait = max(wait, min(result.retry_after, MAX_RETRY_AFTER))
                 retried.append({**key, "b_next": now + wait, "b_error": result.error})
         taken = 0
-        with for_writes(self._engine).begin() as connection:
+        with self._engine.begin() as connection:
             for statement, rows in ((_DELIVERED, delivered), (_RETRIED, retried), (_DEAD, dead)):
                 if rows:
                     taken += connection.execute(statement, rows).rowcount
