@@ -35,9 +35,9 @@ from gateway.files import FileError
 from gateway.identity import service as identity
 from gateway.identity.models import User
 from gateway.instance import config_path, create_instance
+from gateway.outbound import OutboundPolicy
 from gateway.settings import Settings, SettingsError, env_name
 from gateway.vault.keyring import load_keyring
-from gateway.outbound import OutboundPolicy
 
 DEMO_USER = "demo"
 

@@ -24,10 +24,10 @@ from gateway import cli
 from gateway.clock import Clock, SystemClock
 from gateway.db import make_engine
 from gateway.elicitations.service import expire_overdue
+from gateway.outbound import OutboundPolicy
 from gateway.settings import Settings
 from gateway.vault.keyring import KeyringError, load_keyring
 from gateway.webhooks.dispatcher import Dispatcher
-from gateway.outbound import OutboundPolicy
 
 log = logging.getLogger(__name__)
 SWEEP_SECONDS: Final = 5.0

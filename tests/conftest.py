@@ -29,9 +29,9 @@ from gateway.app import create_app
 from gateway.clients import service as clients
 from gateway.clock import FixedClock, SystemClock
 from gateway.credentials.catalog import current_catalog
+from gateway.outbound import OutboundPolicy
 from gateway.settings import Settings, load_settings
 from gateway.vault.keyring import load_keyring
-from gateway.outbound import OutboundPolicy
 from tests import databases
 
 # A real OpenID Connect provider on loopback, for the identity tests.

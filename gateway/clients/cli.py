@@ -12,9 +12,9 @@ from gateway.clients import service
 from gateway.clients.models import ApiToken, Client
 from gateway.clock import SystemClock
 from gateway.credentials.catalog import CatalogError, catalog_path, load_catalog
+from gateway.outbound import OutboundPolicy
 from gateway.pagination import timestamp
 from gateway.vault.keyring import KeyringError, load_keyring
-from gateway.outbound import OutboundPolicy
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 

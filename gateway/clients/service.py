@@ -27,12 +27,12 @@ from gateway.clients.models import ApiToken, Client, ClientIdentity, WebhookSecr
 from gateway.clock import Clock
 from gateway.credentials.catalog import Catalog
 from gateway.errors import Conflict, GatewayError, InvalidInput, NotFound
+from gateway.outbound import BlockedDestination, OutboundPolicy
 from gateway.prepared import PreparedSelect
 from gateway.settings import Secret
 from gateway.tokens import keyed_digest, new_id, new_token, token_hint
 from gateway.vault.envelope import bind, reveal_plaintext, seal
 from gateway.vault.keyring import Keyring
-from gateway.outbound import BlockedDestination, OutboundPolicy
 
 API_TOKEN_PREFIX: Final = "gw_"  # noqa: S105  (a prefix, not a secret)
 WEBHOOK_SECRET_PREFIX: Final = "whsec_"  # noqa: S105  (a prefix, not a secret)

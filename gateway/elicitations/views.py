@@ -26,11 +26,11 @@ from gateway.elicitations.models import Elicitation, ElicitationSnapshot
 from gateway.errors import GatewayError, NotFound
 from gateway.identity.sessions import Subject
 from gateway.identity.web import actor_of, current_subject, login_redirect
+from gateway.outbound import OutboundPolicy
 from gateway.pagination import timestamp
 from gateway.payments import pages as payments
 from gateway.vault.keyring import current_keyring
 from gateway.web.context import client_name, current_clock
-from gateway.outbound import OutboundPolicy
 
 blueprint = Blueprint("portal", __name__)
 

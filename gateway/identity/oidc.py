@@ -37,9 +37,9 @@ from gateway.audit import service as audit
 from gateway.errors import GatewayError
 from gateway.identity.sessions import Subject
 from gateway.identity.web import actor_of
+from gateway.outbound import BlockedDestination, OutboundPolicy, guard_session, guarded_session
 from gateway.settings import Settings
 from gateway.web.context import current_clock
-from gateway.outbound import BlockedDestination, OutboundPolicy, guard_session, guarded_session
 
 log = logging.getLogger(__name__)
 

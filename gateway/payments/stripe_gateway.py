@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 import stripe
 
 from gateway.errors import GatewayError
-from gateway.settings import Settings, SettingsError, env_name
 from gateway.outbound import BlockedDestination, OutboundPolicy, guarded_session
+from gateway.settings import Settings, SettingsError, env_name
 
 log = logging.getLogger(__name__)
 

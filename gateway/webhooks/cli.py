@@ -7,10 +7,10 @@ import click
 from gateway import cli
 from gateway.clients.service import get_client
 from gateway.clock import SystemClock
+from gateway.outbound import OutboundPolicy
 from gateway.pagination import timestamp
 from gateway.vault.keyring import KeyringError, load_keyring
 from gateway.webhooks import service
-from gateway.outbound import OutboundPolicy
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 

@@ -37,9 +37,9 @@ from gateway import changes
 from gateway.clients.models import Client
 from gateway.clients.service import current_webhook_secrets
 from gateway.clock import Clock
+from gateway.outbound import BlockedDestination, GuardedPool, OutboundPolicy, finish
 from gateway.vault.keyring import Keyring
 from gateway.webhooks import signing
-from gateway.outbound import BlockedDestination, GuardedPool, OutboundPolicy, finish
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent
 
 log = logging.getLogger(__name__)

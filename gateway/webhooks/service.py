@@ -15,11 +15,11 @@ from gateway.clients.models import Client
 from gateway.clients.service import current_webhook_secrets
 from gateway.clock import Clock
 from gateway.errors import Conflict, InvalidInput, NotFound
+from gateway.outbound import BlockedDestination, OutboundPolicy, guarded_session
 from gateway.pagination import timestamp
 from gateway.tokens import new_id
 from gateway.vault.keyring import Keyring
 from gateway.webhooks import signing
-from gateway.outbound import BlockedDestination, OutboundPolicy, guarded_session
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent
 
 STATUSES = ("pending", "delivering", "delivered", "dead")

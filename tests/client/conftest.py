@@ -30,10 +30,10 @@ from gateway.clients import service as clients
 from gateway.clock import SystemClock
 from gateway.credentials.catalog import current_catalog
 from gateway.identity import service as identity
+from gateway.outbound import OutboundPolicy
 from gateway.serving.tls import dev_certificate_paths
 from gateway.settings import load_settings
 from gateway.vault.keyring import load_keyring
-from gateway.outbound import OutboundPolicy
 from tests.conftest import _empty_tables, gateway_environ, process_environ
 from tests.integration.conftest import free_port, tls_context
 

@@ -21,11 +21,11 @@ from gateway.app import create_app
 from gateway.clock import FixedClock, SystemClock
 from gateway.identity import service as identity
 from gateway.metrics.counters import FOLDER_PREFIX
+from gateway.outbound import OutboundPolicy
 from gateway.serving.tls import dev_certificate_paths
 from gateway.settings import Settings
 from gateway.vault.keyring import load_keyring
 from gateway.webhooks.dispatcher import Dispatcher
-from gateway.outbound import OutboundPolicy
 from tests.conftest import Api, Registered, client_for
 from tests.integration.api.test_create import body
 from tests.integration.conftest import Result, Server, tls_context

@@ -24,8 +24,6 @@ import requests
 import urllib3
 from authlib.integrations.requests_client import OAuth2Session
 
-from gateway.serving.tls import make_self_signed
-from gateway.settings import SettingsError, load_settings
 from gateway.outbound import (
     DEFAULT_TIMEOUT,
     BlockedDestination,
@@ -39,6 +37,8 @@ from gateway.outbound import (
     guarded_session,
     open_connection,
 )
+from gateway.serving.tls import make_self_signed
+from gateway.settings import SettingsError, load_settings
 
 pytestmark = pytest.mark.backend_independent
 

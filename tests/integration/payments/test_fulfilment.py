@@ -17,13 +17,13 @@ from standardwebhooks import Webhook
 from gateway import db
 from gateway.audit.models import AuditEvent
 from gateway.clock import FixedClock
+from gateway.outbound import OutboundPolicy
 from gateway.payments import service
 from gateway.payments.service import PaymentStatus
 from gateway.payments.stripe_gateway import CheckoutSession
 from gateway.settings import Settings
 from gateway.vault.keyring import load_keyring
 from gateway.webhooks.dispatcher import Dispatcher
-from gateway.outbound import OutboundPolicy
 from tests.conftest import Registered
 from tests.integration.payments.conftest import (
     STRIPE_WEBHOOK_SECRET,

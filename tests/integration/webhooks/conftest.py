@@ -19,10 +19,10 @@ from sqlalchemy import select
 
 from gateway import db
 from gateway.clock import Clock
+from gateway.outbound import OutboundPolicy
 from gateway.vault.keyring import load_keyring
 from gateway.webhooks import service
 from gateway.webhooks.dispatcher import Dispatcher
-from gateway.outbound import OutboundPolicy
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent
 from tests.conftest import Api, Registered, client_for
 from tests.integration.api.test_create import body

@@ -15,10 +15,10 @@ from gateway import db
 from gateway.clients import service as clients
 from gateway.clock import FixedClock, SystemClock
 from gateway.credentials.catalog import current_catalog
+from gateway.outbound import AttemptDeadlines, IPAddress, OutboundPolicy
 from gateway.settings import Settings
 from gateway.vault.keyring import load_keyring
 from gateway.webhooks.dispatcher import MAX_RETRY_AFTER, SCHEDULE, Dispatcher
-from gateway.outbound import AttemptDeadlines, IPAddress, OutboundPolicy
 from tests.conftest import Api, client_for
 from tests.integration.webhooks.conftest import (
     Answer,
