@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -64,6 +65,12 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
 from urllib3.poolmanager import PoolManager
 from urllib3.util import Timeout as Urllib3Timeout
+from urllib3.util import (
+    create_urllib3_context,
+    resolve_cert_reqs,
+    resolve_ssl_version,
+    ssl_wrap_socket,
+)
 
 from gateway.settings import Settings, SettingsError, env_name
 
@@ -282,6 +289,33 @@ def _socket_timeout(value: object) -> float | None:
     return socket.getdefaulttimeout()
 
 
+def _tls_context(connection: HTTPSConnection) -> ssl.SSLContext:
+    """The TLS context of a guarded https connection: verification on, by the URL's name.
+
+    urllib3 has no public way to run its own TLS setup over a socket opened
+    elsewhere, so the guarded connection wraps its checked socket itself, with
+    this context. Settings that would loosen or move the name check are
+    refused before any socket is opened, rather than half honoured.
+    """
+    if resolve_cert_reqs(connection.cert_reqs) != ssl.CERT_REQUIRED:
+        destination = _origin("https", connection.host, connection.port or DEFAULT_PORTS["https"])
+        raise BlockedDestination(destination, "TLS verification cannot be turned off")
+    if (connection.ssl_context is not None or connection.server_hostname is not None
+            or connection.assert_hostname is not None or connection.assert_fingerprint):
+        raise ValueError("guarded connections check the certificate against the host name only")
+    context = create_urllib3_context(
+        ssl_version=resolve_ssl_version(connection.ssl_version),
+        ssl_minimum_version=connection.ssl_minimum_version,
+        ssl_maximum_version=connection.ssl_maximum_version,
+        cert_reqs=ssl.CERT_REQUIRED,
+    )
+    if not context.check_hostname:  # urllib3 leaves it off under pyOpenSSL and matches itself
+        raise RuntimeError("the TLS context does not check host names")
+    if not (connection.ca_certs or connection.ca_cert_dir or connection.ca_cert_data):
+        context.load_default_certs()
+    return context
+
+
 class GuardedHTTPConnection(HTTPConnection):
     """A plain-http connection that only reaches hosts the policy lists as insecure."""
 
@@ -289,8 +323,9 @@ class GuardedHTTPConnection(HTTPConnection):
         super().__init__(*args, **kwargs)
         self.policy = policy
 
-    def _new_conn(self) -> socket.socket:
-        return _open_checked(self, self.policy, "http")
+    def connect(self) -> None:
+        # No proxy and no tunnel ever: the socket is all there is to connect.
+        self.sock = _open_checked(self, self.policy, "http")
 
     def request(self, *args: Any, **kwargs: Any) -> None:
         _watch_attempt(self)
@@ -304,8 +339,20 @@ class GuardedHTTPSConnection(HTTPSConnection):
         super().__init__(*args, **kwargs)
         self.policy = policy
 
-    def _new_conn(self) -> socket.socket:
-        return _open_checked(self, self.policy, "https")
+    def connect(self) -> None:
+        context = _tls_context(self)
+        sock = _open_checked(self, self.policy, "https")
+        try:
+            self.sock = ssl_wrap_socket(
+                sock, keyfile=self.key_file, certfile=self.cert_file,
+                key_password=self.key_password, ca_certs=self.ca_certs,
+                ca_cert_dir=self.ca_cert_dir, ca_cert_data=self.ca_cert_data,
+                server_hostname=self.host, ssl_context=context,
+            )
+        except BaseException:
+            sock.close()
+            raise
+        self.is_verified = True
 
     def request(self, *args: Any, **kwargs: Any) -> None:
         _watch_attempt(self)
@@ -373,12 +420,28 @@ def _watch_attempt(connection: HTTPConnection) -> None:
         DEADLINES.watch(connection, deadline)
 
 
-class GuardedHTTPConnectionPool(HTTPConnectionPool):
-    ConnectionCls = GuardedHTTPConnection
+def guarded_pool_classes(policy: OutboundPolicy) -> dict[str, type[HTTPConnectionPool]]:
+    """Pool classes for a PoolManager's ``pool_classes_by_scheme``: guarded connections only.
 
+    The policy rides on the classes: a PoolManager builds its pools from
+    keyword settings that all go into the pool key, a closed set of urllib3's
+    own, so it cannot pass the policy along itself. A pool passes its extra
+    keywords on to each connection it opens.
+    """
 
-class GuardedHTTPSConnectionPool(HTTPSConnectionPool):
-    ConnectionCls = GuardedHTTPSConnection
+    class GuardedHTTPConnectionPool(HTTPConnectionPool):
+        ConnectionCls = GuardedHTTPConnection
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs, policy=policy)
+
+    class GuardedHTTPSConnectionPool(HTTPSConnectionPool):
+        ConnectionCls = GuardedHTTPSConnection
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs, policy=policy)
+
+    return {"http": GuardedHTTPConnectionPool, "https": GuardedHTTPSConnectionPool}
 
 
 class GuardedPoolManager(PoolManager):
@@ -387,17 +450,7 @@ class GuardedPoolManager(PoolManager):
     def __init__(self, policy: OutboundPolicy, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.policy = policy
-        self.pool_classes_by_scheme = {
-            "http": GuardedHTTPConnectionPool, "https": GuardedHTTPSConnectionPool,
-        }
-
-    def _new_pool(self, scheme: str, host: str, port: int,
-                  request_context: dict[str, Any] | None = None) -> HTTPConnectionPool:
-        # The policy goes to each connection as a keyword, not into the pool key:
-        # the pool key is a closed namedtuple of urllib3's own settings.
-        context = dict(self.connection_pool_kw if request_context is None else request_context)
-        context["policy"] = self.policy
-        return super()._new_pool(scheme, host, port, context)
+        self.pool_classes_by_scheme = guarded_pool_classes(policy)
 
 
 # --- requests: the adapter and the session -----------------------------------------------
@@ -412,12 +465,8 @@ class GuardedAdapter(HTTPAdapter):
 
     def init_poolmanager(self, connections: int, maxsize: int, block: bool = False,
                          **pool_kwargs: Any) -> None:
-        self._pool_connections = connections
-        self._pool_maxsize = maxsize
-        self._pool_block = block
-        self.poolmanager = GuardedPoolManager(
-            self.policy, num_pools=connections, maxsize=maxsize, block=block, **pool_kwargs,
-        )
+        super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
+        self.poolmanager.pool_classes_by_scheme = guarded_pool_classes(self.policy)
 
     def send(self, request: PreparedRequest, stream: bool = False, timeout: Timeout = None,
              verify: bool | str = True, cert: str | tuple[str, str] | None = None,

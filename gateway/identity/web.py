@@ -17,8 +17,8 @@ SAFE_FALLBACK = "/"
 
 def current_subject() -> Subject | None:
     """Who this browser's session belongs to, if anyone has logged in."""
-    current = session._get_current_object()  # type: ignore[attr-defined]
-    return current.subject if isinstance(current, ServerSession) else None
+    # Flask's session proxy answers isinstance for the session it stands for.
+    return session.subject if isinstance(session, ServerSession) else None
 
 
 def actor_of(subject: Subject) -> str:
@@ -37,9 +37,8 @@ def log_out() -> None:
 
 
 def _server_session() -> ServerSession:
-    current = session._get_current_object()  # type: ignore[attr-defined]
-    assert isinstance(current, ServerSession), "the server-side session interface is not set"
-    return current
+    assert isinstance(session, ServerSession), "the server-side session interface is not set"
+    return session
 
 
 def login_redirect(next_path: str) -> Response:

@@ -55,7 +55,7 @@ def shared_between_processes() -> Iterator[Path]:
     it must be set before that happens; the server imports the app only in
     its worker processes, after this.
     """
-    if "prometheus_client.values" in sys.modules and not os.environ.get(MULTIPROCESS_ENV):
+    if "prometheus_client" in sys.modules and not os.environ.get(MULTIPROCESS_ENV):
         raise RuntimeError("prometheus_client was imported before the counters folder was "
                            "set; each process would count on its own")
     owner = os.getpid()

@@ -19,9 +19,13 @@ class GatewayLogger(glogging.Logger):  # type: ignore[misc]
     """gunicorn's logger without handlers of its own: records go to the root handler."""
 
     def setup(self, cfg: Any) -> None:
+        logs = (self.error_log, self.access_log)
+        before = [list(log.handlers) for log in logs]
         super().setup(cfg)
-        for log in (self.error_log, self.access_log):
-            for handler in [h for h in log.handlers if getattr(h, "_gunicorn", False)]:
+        # Whatever gunicorn's setup added is gunicorn's own; handlers set by
+        # anyone else stay.
+        for log, kept in zip(logs, before, strict=True):
+            for handler in [h for h in log.handlers if h not in kept]:
                 log.removeHandler(handler)
             log.propagate = True
 

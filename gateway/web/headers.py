@@ -17,7 +17,7 @@ from flask import Flask, Response, current_app, g, request
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
-    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+    from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 NONCE: Final = "{nonce}"
 

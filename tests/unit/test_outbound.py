@@ -406,6 +406,31 @@ def test_guarded_connection_binds_no_source_address() -> None:
         connection.connect()
 
 
+def test_guarded_connection_will_not_connect_without_verification(
+    connector: FakeConnector,
+) -> None:
+    policy = policy_with(FakeResolver({HOOKS: [[PUBLIC]]}), connector)
+    connection = GuardedHTTPSConnection(HOOKS, 443, policy=policy, cert_reqs="CERT_NONE")
+    with pytest.raises(BlockedDestination, match="TLS verification cannot be turned off"):
+        connection.connect()
+    assert connector.opened == []
+
+
+@pytest.mark.parametrize("setting", [
+    {"assert_hostname": False}, {"assert_hostname": "other.example"},
+    {"server_hostname": "other.example"}, {"assert_fingerprint": "00" * 32},
+    {"ssl_context": ssl.create_default_context()},
+])
+def test_guarded_connection_checks_the_certificate_against_the_host_name_only(
+    setting: dict[str, Any], connector: FakeConnector,
+) -> None:
+    policy = policy_with(FakeResolver({HOOKS: [[PUBLIC]]}), connector)
+    connection = GuardedHTTPSConnection(HOOKS, 443, policy=policy, **setting)
+    with pytest.raises(ValueError, match="against the host name only"):
+        connection.connect()
+    assert connector.opened == []
+
+
 # --- schemes, development hosts and redirects ----------------------------------------------
 
 
