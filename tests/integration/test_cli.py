@@ -63,7 +63,7 @@ def test_init_that_cannot_finish_leaves_nothing_behind(
 def test_init_refuses_a_plain_http_public_url(invoke_gateway: Callable[..., Result],
                                               cli_environ: dict[str, str]) -> None:
     result = invoke_gateway("init", "--public-url", "http://portal.example.com",
-                         env=without_secrets(cli_environ))
+                            env=without_secrets(cli_environ))
     assert result.code == 1
     assert "--public-url: must be an https:// origin" in result.stderr
 
