@@ -1,7 +1,14 @@
-"""Fixtures that run the real ``gateway`` command in a scratch instance."""
+"""Fixtures that run ``gateway`` commands in a scratch instance: in this process through
+Click's runner (``invoke_gateway``), or as a real process (``run_gateway``, ``start_server``)
+where the process itself is under test.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -12,7 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+from sqlalchemy import Connection, Engine, event
 
+from gateway.cli import main
 from tests.conftest import process_environ
 
 GATEWAY = [sys.executable, "-m", "gateway"]
@@ -43,6 +53,70 @@ def run_gateway(cli_environ: dict[str, str], tmp_path: Path) -> Callable[..., Re
         return Result(completed.returncode, completed.stdout, completed.stderr)
 
     return run
+
+
+@pytest.fixture
+def cli_state() -> Iterator[None]:
+    """Put back what a command run in this process leaves behind.
+
+    Commands configure logging (a root handler writing to the runner's captured
+    stderr, logger levels), may set environment variables (the demo, the
+    metrics folder) and signal handlers (the worker).
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    levels = {name: logger.level for name, logger in logging.root.manager.loggerDict.items()
+              if isinstance(logger, logging.Logger)}
+    environ = dict(os.environ)
+    handlers_of = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+        with contextlib.suppress(OSError, ValueError):
+            handler.close()
+    root.setLevel(level)
+    for name, logger in logging.root.manager.loggerDict.items():
+        if isinstance(logger, logging.Logger):
+            logger.setLevel(levels.get(name, logging.NOTSET))
+    os.environ.clear()
+    os.environ.update(environ)
+    for number, handler in handlers_of.items():
+        signal.signal(number, handler)
+
+
+@pytest.fixture
+def cli_runner() -> CliRunner:
+    return CliRunner()
+
+
+@pytest.fixture
+def invoke_gateway(cli_runner: CliRunner, cli_environ: dict[str, str], tmp_path: Path,
+                   monkeypatch: pytest.MonkeyPatch, cli_state: None) -> Callable[..., Result]:
+    """Run a gateway command to completion in this process, with the environment it would
+    have as a process of its own (exactly ``env``, or ``cli_environ``) and ``tmp_path`` as its
+    working directory. Engines the command leaves open are disposed of afterwards.
+    """
+    monkeypatch.chdir(tmp_path)
+
+    def invoke(*args: str, env: dict[str, str] | None = None, stdin: str = "") -> Result:
+        environ = env or cli_environ
+        unset: dict[str, str | None] = {name: None for name in os.environ if name not in environ}
+        engines: set[Engine] = set()
+
+        def connected(connection: Connection) -> None:
+            engines.add(connection.engine)
+
+        event.listen(Engine, "engine_connect", connected)
+        try:
+            result = cli_runner.invoke(main, list(args), env={**unset, **environ}, input=stdin,
+                                       catch_exceptions=False)
+        finally:
+            event.remove(Engine, "engine_connect", connected)
+            for engine in engines:
+                engine.dispose()
+        return Result(result.exit_code, result.stdout, result.stderr)
+
+    return invoke
 
 
 def free_port() -> int:

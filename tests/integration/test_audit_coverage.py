@@ -61,12 +61,13 @@ class World:
     """A gateway with an MCP server and local users, and the ways to act on it."""
 
     def __init__(self, request: pytest.FixtureRequest, app: Flask, settings: Settings,
-                 clock: FixedClock, server: Registered, run_gateway: Callable[..., Result],
+                 clock: FixedClock, server: Registered, invoke_gateway: Callable[..., Result],
                  cli_environ: dict[str, str], make_settings: Callable[..., Settings]) -> None:
         self.request, self.app, self.settings, self.clock = request, app, settings, clock
         self.server = server
         self.api = Api(self._client(app, SERVER_IP), server.api_token)
-        self._run, self.cli_environ, self._make_settings = run_gateway, cli_environ, make_settings
+        self._run, self.cli_environ = invoke_gateway, cli_environ
+        self._make_settings = make_settings
 
     # --- who acts ----------------------------------------------------------------------
 
@@ -177,11 +178,11 @@ class World:
 
 @pytest.fixture
 def world(request: pytest.FixtureRequest, app: Flask, settings: Settings, clock: FixedClock,
-          register: Callable[..., Registered], run_gateway: Callable[..., Result],
+          register: Callable[..., Registered], invoke_gateway: Callable[..., Result],
           cli_environ: dict[str, str], make_settings: Callable[..., Settings]) -> World:
     """The MCP server "Weather MCP" and the local users alice and bob."""
     server = register("Weather MCP", webhook_url="https://mcp.example.com/hooks")
-    created = World(request, app, settings, clock, server, run_gateway, cli_environ,
+    created = World(request, app, settings, clock, server, invoke_gateway, cli_environ,
                     make_settings)
     created.account("alice")
     created.account("bob")

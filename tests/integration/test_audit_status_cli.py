@@ -24,64 +24,64 @@ def ok(result: Result) -> str:
 
 
 def test_audit_lists_records_and_user_text_cannot_forge_lines(
-    app: Flask, register: Callable[..., Registered], run_gateway: Callable[..., Result],
+    app: Flask, register: Callable[..., Registered], invoke_gateway: Callable[..., Result],
 ) -> None:
     register("Weather MCP")
     browser = Browser(client_for(app))
     browser.log_in(FORGED, password="\x1b[31mhunter-password-x")
-    table = ok(run_gateway("audit"))
+    table = ok(invoke_gateway("audit"))
     lines = table.strip().splitlines()
     assert len(lines) == 3  # header, client.created, login.failed
     [failed] = [line for line in lines if "login.failed" in line]
     assert "\\n2026-12-02" in failed  # the newline shows as an escape, on the same line
     assert "\x1b" not in table
-    records = json.loads(ok(run_gateway("audit", "--json")))
+    records = json.loads(ok(invoke_gateway("audit", "--json")))
     assert sorted(r["action"] for r in records) == ["client.created", "login.failed"]
     [stored] = [r for r in records if r["action"] == "login.failed"]
     assert stored["target"] == FORGED[:64]  # stored as typed (cut at 64), encoded when shown
     assert "hunter" not in json.dumps(records)  # the password is never recorded
-    only = json.loads(ok(run_gateway("audit", "--json", "--action", "login.")))
+    only = json.loads(ok(invoke_gateway("audit", "--json", "--action", "login.")))
     assert [r["action"] for r in only] == ["login.failed"]
-    assert json.loads(ok(run_gateway("audit", "--json", "--since", "1m")))
-    assert json.loads(ok(run_gateway("audit", "--json", "--since", "2999-01-01"))) == []
-    bad = run_gateway("audit", "--since", "yesterday")
+    assert json.loads(ok(invoke_gateway("audit", "--json", "--since", "1m")))
+    assert json.loads(ok(invoke_gateway("audit", "--json", "--since", "2999-01-01"))) == []
+    bad = invoke_gateway("audit", "--since", "yesterday")
     assert bad.code == 1
     assert "--since" in bad.stderr
 
 
 def test_status_reports_schema_keys_and_backlog(
-    register: Callable[..., Registered], run_gateway: Callable[..., Result],
+    register: Callable[..., Registered], invoke_gateway: Callable[..., Result],
 ) -> None:
     register("Weather MCP")
-    report = json.loads(ok(run_gateway("status", "--json")))
+    report = json.loads(ok(invoke_gateway("status", "--json")))
     assert report["database"]["current"] is True
     assert report["keys"]["current"] == 1
     assert report["keys"]["in_use"] == {"v1": 1}  # the client's webhook secret
     assert report["webhooks"]["backlog"] == 0
     assert report["elicitations"]["pending"] == 0
-    assert "schema:" in ok(run_gateway("status"))
+    assert "schema:" in ok(invoke_gateway("status"))
 
 
 def test_status_fails_on_a_schema_that_is_not_current(
-    run_gateway: Callable[..., Result], cli_environ: dict[str, str], empty_database_url: str,
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str], empty_database_url: str,
 ) -> None:
-    result = run_gateway("status", env={**cli_environ,
-                                        "GATEWAY_DATABASE_URL": empty_database_url})
+    result = invoke_gateway("status", env={**cli_environ,
+                                           "GATEWAY_DATABASE_URL": empty_database_url})
     assert result.code == 1
     assert "gateway db upgrade" in result.stdout
 
 
 def test_status_fails_when_the_keyring_does_not_open_the_stored_secrets(
-    register: Callable[..., Registered], run_gateway: Callable[..., Result],
+    register: Callable[..., Registered], invoke_gateway: Callable[..., Result],
     cli_environ: dict[str, str],
 ) -> None:
     # A database restored beside another instance's keyring: every count looks
     # right, but no secret opens. Status must say so before a reveal fails.
     register("Weather MCP")
     other = "v1:" + base64.b64encode(b"o" * 32).decode()
-    result = run_gateway("status", env={**cli_environ, "GATEWAY_ENCRYPTION_KEYS": other})
+    result = invoke_gateway("status", env={**cli_environ, "GATEWAY_ENCRYPTION_KEYS": other})
     assert result.code == 1
     assert "does not open the stored secrets of key version v1" in result.stdout
-    report = json.loads(run_gateway("status", "--json", env={
+    report = json.loads(invoke_gateway("status", "--json", env={
         **cli_environ, "GATEWAY_ENCRYPTION_KEYS": other}).stdout)
     assert "wrong keyring" in report["keys"]["error"]

@@ -33,7 +33,7 @@ from gateway.vault.envelope import VaultError
 from gateway.vault.keyring import read_keyring_file
 from tests import databases
 from tests.conftest import Api, client_for, process_environ
-from tests.integration.conftest import GATEWAY
+from tests.integration.conftest import Result
 from tests.integration.portal.conftest import PASSWORD, Browser
 
 pytestmark = pytest.mark.slow
@@ -53,13 +53,12 @@ class Instance:
 
     path: Path
     environ: dict[str, str]
+    invoke: Callable[..., Result]
 
     def run(self, *args: str, stdin: str = "") -> str:
         """Run a gateway command for this instance; its output, after checking it succeeded."""
-        done = subprocess.run([*GATEWAY, *args], env=self.environ, cwd=self.path.parent,
-                              input=stdin, capture_output=True, text=True, timeout=120,
-                              check=False)
-        assert done.returncode == 0, done.stderr
+        done = self.invoke(*args, env=self.environ, stdin=stdin)
+        assert done.code == 0, done.stderr
         return done.stdout
 
     @contextmanager
@@ -73,11 +72,13 @@ class Instance:
 
 
 @pytest.fixture
-def make_instance(tmp_path: Path) -> Callable[..., Instance]:
+def make_instance(tmp_path: Path,
+                  invoke_gateway: Callable[..., Result]) -> Callable[..., Instance]:
     """Instance folders, each with only the GATEWAY_* settings given."""
     def make(name: str, **settings: str) -> Instance:
         path = tmp_path / name
-        return Instance(path, process_environ({"GATEWAY_INSTANCE_PATH": str(path), **settings}))
+        return Instance(path, process_environ({"GATEWAY_INSTANCE_PATH": str(path), **settings}),
+                        invoke_gateway)
 
     return make
 

@@ -19,11 +19,11 @@ def without_secrets(environ: dict[str, str]) -> dict[str, str]:
 
 
 def test_init_writes_private_files_with_fresh_secrets(
-    run_gateway: Callable[..., Result], cli_environ: dict[str, str], tmp_path: Path,
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str], tmp_path: Path,
 ) -> None:
     first_instance = tmp_path / "first"
     env = {**without_secrets(cli_environ), "GATEWAY_INSTANCE_PATH": str(first_instance)}
-    result = run_gateway("init", env=env)
+    result = invoke_gateway("init", env=env)
     assert result.code == 0, result.stderr
     config = first_instance / "gateway.toml"
     keyring = first_instance / "keyring"
@@ -31,19 +31,19 @@ def test_init_writes_private_files_with_fresh_secrets(
     assert mode(keyring) == 0o600
     assert mode(first_instance) == 0o700
     second_instance = tmp_path / "second"
-    run_gateway("init", env={**env, "GATEWAY_INSTANCE_PATH": str(second_instance)})
+    invoke_gateway("init", env={**env, "GATEWAY_INSTANCE_PATH": str(second_instance)})
     assert config.read_text() != (second_instance / "gateway.toml").read_text()
     # The written config is complete: the gateway starts from it alone.
-    assert run_gateway("db", "current", env=env).code == 0
+    assert invoke_gateway("db", "current", env=env).code == 0
 
 
 def test_init_refuses_to_overwrite_and_changes_nothing(
-    run_gateway: Callable[..., Result], cli_environ: dict[str, str], instance_path: Path,
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str], instance_path: Path,
 ) -> None:
     env = without_secrets(cli_environ)
-    assert run_gateway("init", env=env).code == 0
+    assert invoke_gateway("init", env=env).code == 0
     before = (instance_path / "gateway.toml").read_bytes()
-    result = run_gateway("init", env=env)
+    result = invoke_gateway("init", env=env)
     assert result.code == 1
     assert "already exists; refusing to overwrite" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -51,54 +51,54 @@ def test_init_refuses_to_overwrite_and_changes_nothing(
 
 
 def test_init_that_cannot_finish_leaves_nothing_behind(
-    run_gateway: Callable[..., Result], cli_environ: dict[str, str], instance_path: Path,
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str], instance_path: Path,
 ) -> None:
     (instance_path / "keyring").write_text("kept\n")
-    result = run_gateway("init", env=without_secrets(cli_environ))
+    result = invoke_gateway("init", env=without_secrets(cli_environ))
     assert result.code == 1
     assert not (instance_path / "gateway.toml").exists()
     assert (instance_path / "keyring").read_text() == "kept\n"
 
 
-def test_init_refuses_a_plain_http_public_url(run_gateway: Callable[..., Result],
+def test_init_refuses_a_plain_http_public_url(invoke_gateway: Callable[..., Result],
                                               cli_environ: dict[str, str]) -> None:
-    result = run_gateway("init", "--public-url", "http://portal.example.com",
-                         env=without_secrets(cli_environ))
+    result = invoke_gateway("init", "--public-url", "http://portal.example.com",
+                            env=without_secrets(cli_environ))
     assert result.code == 1
     assert "--public-url: must be an https:// origin" in result.stderr
 
 
-def test_db_upgrade_then_current(run_gateway: Callable[..., Result], cli_environ: dict[str, str],
+def test_db_upgrade_then_current(invoke_gateway: Callable[..., Result], cli_environ: dict[str, str],
                                  empty_database_url: str) -> None:
     env = {**cli_environ, "GATEWAY_DATABASE_URL": empty_database_url}
-    assert "(needs `gateway db upgrade`)" in run_gateway("db", "current", env=env).stdout
-    upgraded = run_gateway("db", "upgrade", env=env)
+    assert "(needs `gateway db upgrade`)" in invoke_gateway("db", "current", env=env).stdout
+    upgraded = invoke_gateway("db", "upgrade", env=env)
     assert upgraded.code == 0, upgraded.stderr
     assert "upgraded from empty" in upgraded.stdout
-    assert "(current)" in run_gateway("db", "current", env=env).stdout
-    assert "database is current" in run_gateway("db", "upgrade", env=env).stdout
+    assert "(current)" in invoke_gateway("db", "current", env=env).stdout
+    assert "database is current" in invoke_gateway("db", "upgrade", env=env).stdout
 
 
 def test_malformed_config_stops_with_one_line(
-    run_gateway: Callable[..., Result], cli_environ: dict[str, str], instance_path: Path,
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str], instance_path: Path,
 ) -> None:
     (instance_path / "gateway.toml").write_text("public_url = \n")
-    result = run_gateway("db", "current", env=cli_environ)
+    result = invoke_gateway("db", "current", env=cli_environ)
     assert result.code == 1
     assert len(result.stderr.strip().splitlines()) == 1
     assert "gateway.toml: not valid TOML" in result.stderr
 
 
-def test_unknown_setting_stops_with_one_line(run_gateway: Callable[..., Result],
+def test_unknown_setting_stops_with_one_line(invoke_gateway: Callable[..., Result],
                                              cli_environ: dict[str, str]) -> None:
-    result = run_gateway("db", "current", env={**cli_environ, "GATEWAY_PORT": "1"})
+    result = invoke_gateway("db", "current", env={**cli_environ, "GATEWAY_PORT": "1"})
     assert result.code == 1
     assert result.stderr.strip() == "Error: GATEWAY_PORT: unknown setting " \
         "(see config/gateway.example.toml)"
 
 
-def test_missing_secret_stops_and_names_it(run_gateway: Callable[..., Result],
+def test_missing_secret_stops_and_names_it(invoke_gateway: Callable[..., Result],
                                            cli_environ: dict[str, str]) -> None:
-    result = run_gateway("db", "current", env=without_secrets(cli_environ))
+    result = invoke_gateway("db", "current", env=without_secrets(cli_environ))
     assert result.code == 1
     assert "GATEWAY_SECRET_KEY: not set" in result.stderr

@@ -25,8 +25,9 @@ def ok(result: Result) -> str:
     return result.stdout
 
 
-def create_client(run_gateway: Callable[..., Result], name: str = "Weather MCP") -> dict[str, Any]:
-    minted: dict[str, Any] = json.loads(ok(run_gateway(
+def create_client(invoke_gateway: Callable[..., Result],
+                  name: str = "Weather MCP") -> dict[str, Any]:
+    minted: dict[str, Any] = json.loads(ok(invoke_gateway(
         "clients", "create", name, "--webhook-url", "https://mcp.example.com/hooks", "--json")))
     return minted
 
@@ -52,16 +53,16 @@ class Https:
 
 
 def test_create_prints_the_secrets_once_in_the_documented_shape(
-    run_gateway: Callable[..., Result],
+    invoke_gateway: Callable[..., Result],
 ) -> None:
-    ok(run_gateway("db", "upgrade"))
-    minted = create_client(run_gateway)
+    ok(invoke_gateway("db", "upgrade"))
+    minted = create_client(invoke_gateway)
     assert set(minted) == {"client_id", "name", "api_token", "webhook_secret"}
     assert minted["api_token"].startswith("gw_")
     assert len(minted["api_token"]) >= 3 + 43
     assert minted["webhook_secret"].startswith("whsec_")
-    listing = ok(run_gateway("clients", "list"))
-    shown = ok(run_gateway("clients", "show", minted["client_id"], "--json"))
+    listing = ok(invoke_gateway("clients", "list"))
+    shown = ok(invoke_gateway("clients", "show", minted["client_id"], "--json"))
     for output in (listing, shown):
         assert minted["api_token"] not in output
         assert minted["api_token"][3:20] not in output
@@ -73,9 +74,9 @@ def test_create_prints_the_secrets_once_in_the_documented_shape(
 
 
 def test_bad_input_stops_with_one_line_and_writes_nothing(
-    run_gateway: Callable[..., Result],
+    invoke_gateway: Callable[..., Result],
 ) -> None:
-    ok(run_gateway("db", "upgrade"))
+    ok(invoke_gateway("db", "upgrade"))
     for args, words in [
         (("clients", "create", "x", "--credential-types", "nope"), "unknown credential type"),
         (("clients", "create", "x", "--webhook-url", "http://mcp.example.com/"), "plain http"),
@@ -85,23 +86,23 @@ def test_bad_input_stops_with_one_line_and_writes_nothing(
         (("clients", "show", "nobody"), "no client"),
         (("elicitations", "show", "el_nothing"), "no elicitation"),
     ]:
-        result = run_gateway(*args)
+        result = invoke_gateway(*args)
         assert result.code == 1, args
         assert words in result.stderr
         assert result.stderr.strip().count("\n") == 0, result.stderr
-    assert json.loads(ok(run_gateway("clients", "list", "--json"))) == []
-    create_client(run_gateway)
-    again = run_gateway("clients", "create", "Weather MCP")
+    assert json.loads(ok(invoke_gateway("clients", "list", "--json"))) == []
+    create_client(invoke_gateway)
+    again = invoke_gateway("clients", "create", "Weather MCP")
     assert again.code == 1
     assert "exists already" in again.stderr
 
 
 def test_a_cli_client_works_over_https_end_to_end(
-    run_gateway: Callable[..., Result], start_server: Callable[..., Server],
+    invoke_gateway: Callable[..., Result], start_server: Callable[..., Server],
     instance_path: Path,
 ) -> None:
-    ok(run_gateway("db", "upgrade"))
-    minted = create_client(run_gateway)
+    ok(invoke_gateway("db", "upgrade"))
+    minted = create_client(invoke_gateway)
     server = start_server()
     https = Https(server, instance_path, minted["api_token"])
 
@@ -124,7 +125,7 @@ def test_a_cli_client_works_over_https_end_to_end(
     waiter = threading.Thread(target=long_poll)
     waiter.start()
     time.sleep(0.5)
-    ok(run_gateway("elicitations", "cancel", created["id"]))
+    ok(invoke_gateway("elicitations", "cancel", created["id"]))
     waiter.join(timeout=25)
     assert answer["status"] == 200
     assert answer["body"]["status"] == "cancelled"
@@ -135,33 +136,33 @@ def test_a_cli_client_works_over_https_end_to_end(
     status, _problem = https.call("POST", f"/api/v1/elicitations/{created['id']}/cancel")
     assert status == 409
 
-    shown = json.loads(ok(run_gateway("elicitations", "show", created["id"], "--json")))
+    shown = json.loads(ok(invoke_gateway("elicitations", "show", created["id"], "--json")))
     assert shown["status"] == "cancelled"
-    listed = json.loads(ok(run_gateway("elicitations", "list", "--json")))
+    listed = json.loads(ok(invoke_gateway("elicitations", "list", "--json")))
     assert [item["id"] for item in listed["items"]] == [created["id"]]
 
 
 def test_rotate_revoke_and_disable_take_effect_at_once(
-    run_gateway: Callable[..., Result], start_server: Callable[..., Server],
+    invoke_gateway: Callable[..., Result], start_server: Callable[..., Server],
     instance_path: Path,
 ) -> None:
-    ok(run_gateway("db", "upgrade"))
-    minted = create_client(run_gateway)
-    old_token_id = json.loads(ok(run_gateway("clients", "show", minted["client_id"],
-                                             "--json")))["tokens"][0]["token_id"]
-    rotated = json.loads(ok(run_gateway("clients", "rotate-token", minted["client_id"],
-                                        "--json")))
+    ok(invoke_gateway("db", "upgrade"))
+    minted = create_client(invoke_gateway)
+    old_token_id = json.loads(ok(invoke_gateway("clients", "show", minted["client_id"],
+                                                "--json")))["tokens"][0]["token_id"]
+    rotated = json.loads(ok(invoke_gateway("clients", "rotate-token", minted["client_id"],
+                                           "--json")))
     server = start_server()
     old = Https(server, instance_path, minted["api_token"])
     new = Https(server, instance_path, rotated["api_token"])
     assert old.call("GET", "/api/v1/elicitations")[0] == 200
     assert new.call("GET", "/api/v1/elicitations")[0] == 200
 
-    ok(run_gateway("clients", "revoke-token", minted["client_id"], old_token_id))
+    ok(invoke_gateway("clients", "revoke-token", minted["client_id"], old_token_id))
     assert old.call("GET", "/api/v1/elicitations")[0] == 401
     assert new.call("GET", "/api/v1/elicitations")[0] == 200
 
-    ok(run_gateway("clients", "disable", "Weather MCP"))
+    ok(invoke_gateway("clients", "disable", "Weather MCP"))
     assert new.call("GET", "/api/v1/elicitations")[0] == 401
-    shown = json.loads(ok(run_gateway("clients", "show", minted["client_id"], "--json")))
+    shown = json.loads(ok(invoke_gateway("clients", "show", minted["client_id"], "--json")))
     assert shown["status"] == "disabled"

@@ -97,13 +97,13 @@ def ok(result: Result) -> str:
 
 
 def test_rotate_rewrap_interrupted_resume_and_retire_lose_nothing(
-    run_gateway: Callable[..., Result], cli_environ: dict[str, str], tmp_path: Path,
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str], tmp_path: Path,
     engine: Engine, keyring_file: Path, stored: dict[str, str],
 ) -> None:
-    ok(run_gateway("keys", "rotate"))
+    ok(invoke_gateway("keys", "rotate"))
     assert read_keyring_file(keyring_file).current_version == 2
     assert keyring_file.stat().st_mode & 0o077 == 0
-    assert "v1 is" not in ok(run_gateway("keys", "list"))
+    assert "v1 is" not in ok(invoke_gateway("keys", "list"))
 
     # Killed halfway: some batches committed, the rest still under v1.
     process = subprocess.Popen([*GATEWAY, "keys", "rewrap"], env=cli_environ, cwd=tmp_path,
@@ -116,16 +116,16 @@ def test_rotate_rewrap_interrupted_resume_and_retire_lose_nothing(
     partial = versions(engine)
     assert 0 < partial.get(2, 0) < COUNT, partial
 
-    refused = run_gateway("keys", "retire", "v1")
+    refused = invoke_gateway("keys", "retire", "v1")
     assert refused.code == 1
     assert "still use v1" in refused.stderr
 
-    ok(run_gateway("keys", "rewrap", "--max", "1000"))
+    ok(invoke_gateway("keys", "rewrap", "--max", "1000"))
     assert versions(engine).get(2, 0) == min(COUNT, partial[2] + 1000)
-    ok(run_gateway("keys", "rewrap"))
+    ok(invoke_gateway("keys", "rewrap"))
     assert versions(engine) == {2: COUNT}
 
-    ok(run_gateway("keys", "retire", "v1"))
+    ok(invoke_gateway("keys", "retire", "v1"))
     keyring = read_keyring_file(keyring_file)
     assert set(keyring.keys) == {2}
     with Session(engine) as session:
@@ -134,19 +134,19 @@ def test_rotate_rewrap_interrupted_resume_and_retire_lose_nothing(
 
 
 def test_retiring_the_current_version_is_refused(
-    run_gateway: Callable[..., Result], keyring_file: Path,
+    invoke_gateway: Callable[..., Result], keyring_file: Path,
 ) -> None:
-    result = run_gateway("keys", "retire", "v1")
+    result = invoke_gateway("keys", "retire", "v1")
     assert result.code == 1
     assert "current version" in result.stderr
 
 
 def test_an_environment_keyring_is_rotated_by_the_operator(
-    run_gateway: Callable[..., Result], cli_environ: dict[str, str],
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str],
 ) -> None:
     entry = f"v1:{base64.b64encode(b'e' * 32).decode()}"
-    result = ok(run_gateway("keys", "rotate",
-                            env={**cli_environ, "GATEWAY_ENCRYPTION_KEYS": entry}))
+    result = ok(invoke_gateway("keys", "rotate",
+                               env={**cli_environ, "GATEWAY_ENCRYPTION_KEYS": entry}))
     new_value = result.split("Set it to:")[1].split()[0]
     rotated = parse_keyring(new_value.split(","), "printed")
     assert set(rotated.keys) == {1, 2}

@@ -88,13 +88,13 @@ def stopped_output(server: Server) -> str:
 
 @pytest.mark.parametrize("log_format", ["json", "text"])
 def test_secrets_a_request_carries_never_reach_the_log(
-    start_server: Callable[..., Server], run_gateway: Callable[..., Result],
+    start_server: Callable[..., Server], invoke_gateway: Callable[..., Result],
     cli_environ: dict[str, str], instance_path: Path, log_format: str,
 ) -> None:
     environ = {**cli_environ, "GATEWAY_LOG_FORMAT": log_format, "GATEWAY_LOG_LEVEL": "debug"}
-    minted = json.loads(run_gateway("clients", "create", "Logged MCP", "--webhook-url",
-                                    "https://mcp.example.com/hooks", "--json",
-                                    env=environ).stdout)
+    minted = json.loads(invoke_gateway("clients", "create", "Logged MCP", "--webhook-url",
+                                       "https://mcp.example.com/hooks", "--json",
+                                       env=environ).stdout)
     caller = Caller(start_server(env=environ), instance_path)
 
     in_query = caller.request("GET", f"/api/v1/elicitations?access_token={QUERY_CANARY}")

@@ -216,7 +216,7 @@ def processes_refusing(server: Server) -> set[int]:
 
 @pytest.mark.slow
 def test_rate_limit_hits_add_up_across_worker_processes(
-    start_server: Callable[..., Server], run_gateway: Callable[..., Result],
+    start_server: Callable[..., Server], invoke_gateway: Callable[..., Result],
     cli_environ: dict[str, str], instance_path: Path,
 ) -> None:
     pytest.importorskip("redis")
@@ -224,8 +224,8 @@ def test_rate_limit_hits_add_up_across_worker_processes(
     environ = {**cli_environ, "GATEWAY_RATELIMIT_API": "2/minute",
                "GATEWAY_RATELIMIT_STORAGE_URL": "redis://127.0.0.1:6379/0",
                "GATEWAY_LOG_FORMAT": "json"}
-    token = json.loads(run_gateway("clients", "create", "Busy MCP", "--json",
-                                   env=environ).stdout)["api_token"]
+    token = json.loads(invoke_gateway("clients", "create", "Busy MCP", "--json",
+                                      env=environ).stdout)["api_token"]
     server = start_server("--workers", "2", env=environ)
     context = tls_context(dev_certificate_paths(instance_path)[0])
     refused = 0

@@ -27,13 +27,13 @@ def clock() -> FixedClock:
 
 
 def test_worker_once_expires_what_is_overdue_and_nothing_else(
-    api: Api, app: Flask, run_gateway: Callable[..., Result],
+    api: Api, app: Flask, invoke_gateway: Callable[..., Result],
 ) -> None:
     overdue = api.post("/api/v1/elicitations", body(ttl_seconds=60)).get_json()
     current = api.post("/api/v1/elicitations", body(
         ttl_seconds=3600, subject={"iss": "https://auth.example.com", "sub": "u2"})).get_json()
 
-    result = run_gateway("worker", "--once")
+    result = invoke_gateway("worker", "--once")
     assert result.code == 0, result.stderr
 
     with app.app_context():

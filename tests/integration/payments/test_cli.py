@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 def test_payments_show_on_the_elicitation_and_list_by_status(
     ask_payment: Callable[..., dict[str, Any]], alice: str,
     logged_in: Callable[[str], Browser], stripe_api: FakeStripe,
-    stripe_webhook: StripeWebhook, run_gateway: Callable[..., Result],
+    stripe_webhook: StripeWebhook, invoke_gateway: Callable[..., Result],
 ) -> None:
     paid_link, open_link = ask_payment(alice), ask_payment(alice)
     user = logged_in(alice)
@@ -28,7 +28,7 @@ def test_payments_show_on_the_elicitation_and_list_by_status(
     paid = stripe_api.pay(paid_session)
     assert stripe_webhook.send("checkout.session.completed", paid).status_code == 200
 
-    shown = run_gateway("elicitations", "show", paid_link["id"], "--json")
+    shown = invoke_gateway("elicitations", "show", paid_link["id"], "--json")
     assert shown.code == 0, shown.stderr
     [payment] = json.loads(shown.stdout)["payments"]
     assert payment["status"] == "paid"
@@ -36,11 +36,11 @@ def test_payments_show_on_the_elicitation_and_list_by_status(
     assert payment["checkout_session_id"] == paid_session
     assert payment["payment_intent_id"] == paid["payment_intent"]
 
-    table = run_gateway("elicitations", "show", paid_link["id"])
+    table = invoke_gateway("elicitations", "show", paid_link["id"])
     assert f"paid  1999 usd  {paid_session}  {paid['payment_intent']}" in table.stdout
 
-    listed = run_gateway("payments", "list", "--status", "paid", "--json")
+    listed = invoke_gateway("payments", "list", "--status", "paid", "--json")
     assert [p["elicitation_id"] for p in json.loads(listed.stdout)["items"]] == [paid_link["id"]]
-    still_open = run_gateway("payments", "list", "--status", "open")
+    still_open = invoke_gateway("payments", "list", "--status", "open")
     assert open_link["id"] in still_open.stdout
     assert paid_link["id"] not in still_open.stdout

@@ -49,7 +49,7 @@ def table(output: str) -> tuple[list[str], list[list[str]]]:
 
 def test_list_shows_events_newest_first_as_a_table_and_as_json(
     app: Flask, hooked: Registered, hooked_api: Api, receiver: Receiver, clock: FixedClock,
-    make_dispatcher: Callable[..., Dispatcher], run_gateway: Callable[..., Result],
+    make_dispatcher: Callable[..., Dispatcher], invoke_gateway: Callable[..., Result],
 ) -> None:
     receiver.script = [500]
     end_one(hooked_api)
@@ -59,7 +59,7 @@ def test_list_shows_events_newest_first_as_a_table_and_as_json(
     make_dispatcher().run_once()
     failing, delivered = events(app)
 
-    header, rows = table(ok(run_gateway("webhooks", "list")))
+    header, rows = table(ok(invoke_gateway("webhooks", "list")))
     assert header == ["ID", "CLIENT_ID", "TYPE", "STATUS", "ATTEMPTS", "CREATED_AT",
                       "LAST_ERROR"]
     assert [row[0] for row in rows] == [delivered.id, failing.id]
@@ -69,7 +69,7 @@ def test_list_shows_events_newest_first_as_a_table_and_as_json(
     assert rows[1][6] == "answered 500"
     assert re.fullmatch(TIMESTAMP, rows[1][5])
 
-    listed = json.loads(ok(run_gateway("webhooks", "list", "--json")))
+    listed = json.loads(ok(invoke_gateway("webhooks", "list", "--json")))
     assert [item["id"] for item in listed] == [delivered.id, failing.id]
     assert set(listed[0]) == {"id", "client_id", "type", "elicitation_id", "status",
                               "attempts", "created_at", "next_attempt_at", "delivered_at",
@@ -79,11 +79,11 @@ def test_list_shows_events_newest_first_as_a_table_and_as_json(
     assert listed[1]["next_attempt_at"] is not None
     assert listed[1]["elicitation_id"] == failing.elicitation_id
 
-    only = json.loads(ok(run_gateway("webhooks", "list", "--status", "pending", "--json")))
+    only = json.loads(ok(invoke_gateway("webhooks", "list", "--status", "pending", "--json")))
     assert [item["id"] for item in only] == [failing.id]
-    assert json.loads(ok(run_gateway("webhooks", "list", "--client", "cl_nobody", "--json"))) \
+    assert json.loads(ok(invoke_gateway("webhooks", "list", "--client", "cl_nobody", "--json"))) \
         == []
-    assert ok(run_gateway("webhooks", "list", "--status", "dead")).strip() == "(none)"
+    assert ok(invoke_gateway("webhooks", "list", "--status", "dead")).strip() == "(none)"
 
 
 # --- show -------------------------------------------------------------------------------
@@ -91,7 +91,7 @@ def test_list_shows_events_newest_first_as_a_table_and_as_json(
 
 def test_show_lists_every_attempt_with_time_status_latency_and_error(
     app: Flask, hooked_api: Api, receiver: Receiver, clock: FixedClock,
-    make_dispatcher: Callable[..., Dispatcher], run_gateway: Callable[..., Result],
+    make_dispatcher: Callable[..., Dispatcher], invoke_gateway: Callable[..., Result],
 ) -> None:
     receiver.script = [503, Fault.HANG]
     end_one(hooked_api, metadata={"tool": "weather"})
@@ -102,7 +102,7 @@ def test_show_lists_every_attempt_with_time_status_latency_and_error(
         dispatcher.run_once()
     [event] = events(app)
 
-    output = ok(run_gateway("webhooks", "show", event.id))
+    output = ok(invoke_gateway("webhooks", "show", event.id))
     summary, _, log = output.partition("attempts:\n")
     assert re.search(rf"^id:\s+{event.id}$", summary, re.MULTILINE)
     assert re.search(r"^status:\s+delivered$", summary, re.MULTILINE)
@@ -118,7 +118,7 @@ def test_show_lists_every_attempt_with_time_status_latency_and_error(
         assert row[3].isdigit()
     assert int(rows[1][3]) >= 450  # the half-second timeout
 
-    shown = json.loads(ok(run_gateway("webhooks", "show", event.id, "--json")))
+    shown = json.loads(ok(invoke_gateway("webhooks", "show", event.id, "--json")))
     assert shown["id"] == event.id
     assert json.loads(shown["body"])["data"]["metadata"] == {"tool": "weather"}
     log_json = shown["attempt_log"]
@@ -128,7 +128,7 @@ def test_show_lists_every_attempt_with_time_status_latency_and_error(
         (1, 503, "answered 503"), (2, None, "timed out"), (3, 204, None)]
     assert [a["started_at"] for a in log_json] == sorted(a["started_at"] for a in log_json)
 
-    missing = run_gateway("webhooks", "show", "msg_nope")
+    missing = invoke_gateway("webhooks", "show", "msg_nope")
     assert missing.code == 1
     assert "no webhook event 'msg_nope'" in missing.stderr
 
@@ -138,7 +138,7 @@ def test_show_lists_every_attempt_with_time_status_latency_and_error(
 
 def test_redeliver_sends_again_with_the_same_id_and_is_audited(
     app: Flask, hooked: Registered, hooked_api: Api, receiver: Receiver, clock: FixedClock,
-    make_dispatcher: Callable[..., Dispatcher], run_gateway: Callable[..., Result],
+    make_dispatcher: Callable[..., Dispatcher], invoke_gateway: Callable[..., Result],
 ) -> None:
     receiver.script = [500]
     end_one(hooked_api)
@@ -150,7 +150,7 @@ def test_redeliver_sends_again_with_the_same_id_and_is_audited(
     assert event.status == "delivered"
     clock.advance(seconds=60)
 
-    assert ok(run_gateway("webhooks", "redeliver", event.id)).strip() == \
+    assert ok(invoke_gateway("webhooks", "redeliver", event.id)).strip() == \
         f"event {event.id} queued for delivery"
     [queued] = events(app)
     assert (queued.status, queued.attempts) == ("pending", 0)
@@ -167,22 +167,22 @@ def test_redeliver_sends_again_with_the_same_id_and_is_audited(
     assert audited.details == {"client_id": hooked.id, "previous_status": "delivered"}
 
     # The log keeps every attempt, before and after the redelivery, in the order they ran.
-    shown = json.loads(ok(run_gateway("webhooks", "show", event.id, "--json")))
+    shown = json.loads(ok(invoke_gateway("webhooks", "show", event.id, "--json")))
     assert [(a["attempt"], a["status_code"]) for a in shown["attempt_log"]] == [
         (1, 500), (2, 204), (1, 204)]
 
-    missing = run_gateway("webhooks", "redeliver", "msg_nope")
+    missing = invoke_gateway("webhooks", "redeliver", "msg_nope")
     assert missing.code == 1
     assert "no webhook event" in missing.stderr
 
 
 def test_an_event_being_delivered_is_not_redelivered(
     app: Flask, hooked_api: Api, make_dispatcher: Callable[..., Dispatcher],
-    run_gateway: Callable[..., Result],
+    invoke_gateway: Callable[..., Result],
 ) -> None:
     end_one(hooked_api)
     [claim] = make_dispatcher().claim(1)
-    refused = run_gateway("webhooks", "redeliver", claim.event_id)
+    refused = invoke_gateway("webhooks", "redeliver", claim.event_id)
     assert refused.code == 1
     assert "being delivered right now" in refused.stderr
     assert audit_rows(app, "webhook.redelivered") == []
@@ -192,9 +192,9 @@ def test_an_event_being_delivered_is_not_redelivered(
 
 
 def test_test_sends_a_signed_ping_and_prints_the_outcome(
-    app: Flask, hooked: Registered, receiver: Receiver, run_gateway: Callable[..., Result],
+    app: Flask, hooked: Registered, receiver: Receiver, invoke_gateway: Callable[..., Result],
 ) -> None:
-    output = ok(run_gateway("webhooks", "test", hooked.name))
+    output = ok(invoke_gateway("webhooks", "test", hooked.name))
     lines = dict(re.split(r":\s+", line, maxsplit=1) for line in output.strip().splitlines())
     assert lines["delivered"] == "True"
     assert lines["status_code"] == "204"
@@ -207,23 +207,24 @@ def test_test_sends_a_signed_ping_and_prints_the_outcome(
     assert payload["data"] == {"client_id": hooked.id}
     assert events(app) == []  # a ping is not an event of the outbox
 
-    as_json: dict[str, Any] = json.loads(ok(run_gateway("webhooks", "test", hooked.id, "--json")))
+    as_json: dict[str, Any] = json.loads(ok(invoke_gateway("webhooks", "test", hooked.id,
+                                                           "--json")))
     assert as_json["delivered"] is True
     assert as_json["webhook_id"] != ping.headers["webhook-id"]
     assert [row.outcome for row in audit_rows(app, "webhook.tested")] == ["success", "success"]
 
 
 def test_test_exits_1_when_the_ping_is_not_delivered(
-    app: Flask, hooked: Registered, receiver: Receiver, run_gateway: Callable[..., Result],
+    app: Flask, hooked: Registered, receiver: Receiver, invoke_gateway: Callable[..., Result],
 ) -> None:
     receiver.script = [500]
-    refused = run_gateway("webhooks", "test", hooked.id, "--json")
+    refused = invoke_gateway("webhooks", "test", hooked.id, "--json")
     assert refused.code == 1
     outcome = json.loads(refused.stdout)
     assert (outcome["delivered"], outcome["status_code"]) == (False, 500)
 
     receiver.script = [Fault.RESET]
-    broken = run_gateway("webhooks", "test", hooked.id)
+    broken = invoke_gateway("webhooks", "test", hooked.id)
     assert broken.code == 1
     assert re.search(r"^delivered:\s+False$", broken.stdout, re.MULTILINE)
     assert re.search(r"^error:\s+ConnectionError$", broken.stdout, re.MULTILINE)
@@ -231,10 +232,10 @@ def test_test_exits_1_when_the_ping_is_not_delivered(
 
 
 def test_test_refuses_a_client_without_a_webhook_url(
-    register: Callable[..., Registered], run_gateway: Callable[..., Result],
+    register: Callable[..., Registered], invoke_gateway: Callable[..., Result],
 ) -> None:
     plain = register()
-    refused = run_gateway("webhooks", "test", plain.id)
+    refused = invoke_gateway("webhooks", "test", plain.id)
     assert refused.code == 1
     assert "has no webhook URL" in refused.stderr
 
@@ -244,9 +245,9 @@ def test_test_refuses_a_client_without_a_webhook_url(
 
 def test_rotate_webhook_secret_prints_the_new_secret_once(
     app: Flask, hooked: Registered, hooked_api: Api, receiver: Receiver,
-    make_dispatcher: Callable[..., Dispatcher], run_gateway: Callable[..., Result],
+    make_dispatcher: Callable[..., Dispatcher], invoke_gateway: Callable[..., Result],
 ) -> None:
-    result = run_gateway("clients", "rotate-webhook-secret", hooked.name)
+    result = invoke_gateway("clients", "rotate-webhook-secret", hooked.name)
     output = ok(result)
     secrets = re.findall(r"whsec_[A-Za-z0-9+/=]+", output + result.stderr)
     assert len(secrets) == 1
@@ -255,8 +256,8 @@ def test_rotate_webhook_secret_prints_the_new_secret_once(
     assert output.startswith(f"new webhook secret: {new_secret}\n")
     assert "Shown this once" in output
 
-    for shown in (ok(run_gateway("clients", "show", hooked.id, "--json")),
-                  ok(run_gateway("clients", "list"))):
+    for shown in (ok(invoke_gateway("clients", "show", hooked.id, "--json")),
+                  ok(invoke_gateway("clients", "list"))):
         assert new_secret not in shown
         assert new_secret[6:20] not in shown
     [audited] = audit_rows(app, "client.webhook_secret_rotated")
@@ -269,7 +270,8 @@ def test_rotate_webhook_secret_prints_the_new_secret_once(
     for secret in (hooked.webhook_secret, new_secret):
         Webhook(secret).verify(delivery.body, delivery.headers)
 
-    rotated = json.loads(ok(run_gateway("clients", "rotate-webhook-secret", hooked.id, "--json")))
+    rotated = json.loads(ok(invoke_gateway("clients", "rotate-webhook-secret", hooked.id,
+                                           "--json")))
     assert set(rotated) == {"client", "webhook_secret", "grace_hours"}
     assert rotated["webhook_secret"].startswith("whsec_")
     assert rotated["webhook_secret"] not in (new_secret, hooked.webhook_secret)

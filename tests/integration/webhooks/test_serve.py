@@ -52,7 +52,7 @@ def test_serve_delivers_a_cancellation_through_its_worker(
 
 def test_serve_without_worker_leaves_the_event_to_a_worker(
     app: Flask, hooked: Registered, receiver: Receiver, start_server: Callable[..., Server],
-    instance_path: Path, run_gateway: Callable[..., Result],
+    instance_path: Path, invoke_gateway: Callable[..., Result],
 ) -> None:
     server = start_server("--no-worker")
     cancel_over_https(Https(server, instance_path, hooked.api_token))
@@ -64,7 +64,7 @@ def test_serve_without_worker_leaves_the_event_to_a_worker(
     assert "worker started" not in server.output()
 
     # The event was waiting in the outbox all along: any worker sends it.
-    sent = run_gateway("worker", "--once")
+    sent = invoke_gateway("worker", "--once")
     assert sent.code == 0, sent.stderr
     assert "attempted 1 webhook(s)" in sent.stdout
     [delivery] = receiver.deliveries
