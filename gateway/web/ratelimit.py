@@ -31,7 +31,11 @@ def init_app(app: Flask, settings: Settings) -> Limiter:
         key_func=source_address,
         storage_uri=settings.ratelimit_storage_url,
         strategy="fixed-window",
-        headers_enabled=True,
+        # Flask-Limiter's own headers would put a Retry-After on every
+        # response, and raise a 503's to the window's end: the API adds the
+        # X-RateLimit-* headers itself (_budget_headers), and Retry-After
+        # goes on refusals only.
+        headers_enabled=False,
         # A storage outage must not take the API down with it; counting
         # resumes when it is back.
         swallow_errors=True,
@@ -75,7 +79,8 @@ def _refused(error: RateLimitExceeded) -> Response:
     # under /api/, rather than werkzeug's generic 429.
     limiter: Limiter = current_app.extensions[EXTENSION]
     breached = limiter.current_limit
-    retry_after = max(1, breached.reset_at - int(time.time())) if breached else 1
+    # As Flask-Limiter words it, at least a second.
+    retry_after = max(1, int(breached.reset_at - time.time())) if breached else 1
     return render_error(RateLimited(error.description or "Too many requests", retry_after))
 
 
@@ -96,6 +101,18 @@ def limit_api(app: Flask, blueprint: Blueprint, settings: Settings) -> None:
             error_message=f"over the limit of {rate} for {whose}; "
                           "retry after the Retry-After seconds",
         )(blueprint)
+    blueprint.after_request(_budget_headers)
+
+
+def _budget_headers(response: Response) -> Response:
+    """The limit that applied to this request, what is left of it and when it resets."""
+    limiter: Limiter = current_app.extensions[EXTENSION]
+    current = limiter.current_limit
+    if current is not None:
+        response.headers["X-RateLimit-Limit"] = str(current.limit.amount)
+        response.headers["X-RateLimit-Remaining"] = str(current.remaining)
+        response.headers["X-RateLimit-Reset"] = str(current.reset_at)
+    return response
 
 
 def limit_logins(app: Flask, blueprint: Blueprint, settings: Settings) -> None:

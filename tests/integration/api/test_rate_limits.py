@@ -58,6 +58,8 @@ def test_api_answers_report_the_token_budget(
     assert [first.headers["X-RateLimit-Remaining"],
             second.headers["X-RateLimit-Remaining"]] == ["4", "3"]
     assert 0 < int(first.headers["X-RateLimit-Reset"]) - time.time() <= 61
+    # Retry-After is for refusals only: an answer that went through asks no wait.
+    assert "Retry-After" not in first.headers
 
 
 def test_one_budget_covers_every_route_of_the_api(
