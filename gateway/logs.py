@@ -16,6 +16,7 @@ import logging.handlers
 import os
 import queue
 import sys
+import threading
 import weakref
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
@@ -66,20 +67,22 @@ class QueueingHandler(logging.handlers.QueueHandler):
 
     :meth:`flush` returns once every line queued before it is written, and
     :meth:`close` stops the listener once it has written them all. logging's
-    shutdown at exit closes every handler, so no line is lost when a process
-    ends normally.
+    shutdown at exit flushes and closes every handler, so no line is lost
+    when a process ends normally.
     """
 
     def __init__(self, stream: TextIO) -> None:
         self.writer = logging.StreamHandler(stream)
         self.writer.setFormatter(logging.Formatter("%(message)s"))
-        self.lines: queue.Queue[logging.LogRecord | None] = queue.Queue()
-        super().__init__(self.lines)
-        self.listener: logging.handlers.QueueListener | None = self._listen()
+        # Not queue.Queue: its lock is held while Python code runs, so the
+        # interpreter can switch threads while one holds it, and then every
+        # thread that logs waits. A SimpleQueue takes no such lock.
+        super().__init__(queue.SimpleQueue())
+        self.listener: Listener | None = self._listen()
         _RUNNING.add(self)
 
-    def _listen(self) -> logging.handlers.QueueListener:
-        listener = logging.handlers.QueueListener(self.lines, self.writer)
+    def _listen(self) -> Listener:
+        listener = Listener(self.queue, self.writer)
         listener.start()
         return listener
 
@@ -87,19 +90,25 @@ class QueueingHandler(logging.handlers.QueueHandler):
         # Without the handler's lock, which every request's access line would
         # take: a lock hundreds of threads want is handed on only as fast as
         # each gets the interpreter lock back (bench/HISTORY.md, 4 December
-        # 2026). Formatting needs no lock; the queue's own is held only to append.
+        # 2026). Formatting needs no lock, and the queue takes none.
         kept = self.filter(record)
         if kept:
             self.emit(kept if isinstance(kept, logging.LogRecord) else record)
         return kept
 
     def flush(self) -> None:
-        """Wait until every line queued so far is written."""
+        """Return once every line queued so far is written."""
         if self.listener is not None:
-            self.lines.join()
+            written = threading.Event()
+            self.queue.put_nowait(written)
+            written.wait()
 
     def close(self) -> None:
-        listener, self.listener = self.listener, None
+        self.acquire()  # configure() and logging's shutdown may both close it
+        try:
+            listener, self.listener = self.listener, None
+        finally:
+            self.release()
         if listener is not None:
             listener.stop()
         self.writer.close()
@@ -108,11 +117,24 @@ class QueueingHandler(logging.handlers.QueueHandler):
 
     def restart_in_child(self) -> None:
         # No thread survives a fork, and the parent's queue may hold lines the
-        # parent will write, or a lock one of its threads held at the fork.
+        # parent will write.
         if self.listener is not None:
-            self.lines = queue.Queue()
-            self.queue = self.lines
+            self.queue = queue.SimpleQueue()
             self.listener = self._listen()
+
+
+class Listener(logging.handlers.QueueListener):
+    """A ``QueueListener`` that also sets each ``Event`` it finds in the queue: a flush.
+
+    (A flush cannot stop the listener and start another: a process that has
+    begun to exit may start no thread, and logging flushes every handler then.)
+    """
+
+    def handle(self, record: logging.LogRecord | threading.Event) -> None:
+        if isinstance(record, threading.Event):
+            record.set()
+        else:
+            super().handle(record)
 
 
 _RUNNING: weakref.WeakSet[QueueingHandler] = weakref.WeakSet()
