@@ -126,8 +126,9 @@ class QueueingHandler(logging.handlers.QueueHandler):
 class Listener(logging.handlers.QueueListener):
     """A ``QueueListener`` that also sets each ``Event`` it finds in the queue: a flush.
 
-    (A flush cannot stop the listener and start another: a process that has
-    begun to exit may start no thread, and logging flushes every handler then.)
+    (A flush cannot stop the listener and start another: from Python 3.12 a
+    process that has begun to exit may start no thread, and logging flushes
+    every handler then.)
     """
 
     def handle(self, record: logging.LogRecord | threading.Event) -> None:
