@@ -10,14 +10,13 @@ line: JSON escapes it, and the text form escapes every control character
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
+import logging.handlers
 import os
 import queue
 import sys
 import threading
-import time
 import weakref
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
@@ -44,7 +43,7 @@ def configure(settings: Settings, stream: TextIO | None = None) -> logging.Handl
     Replaces the handler an earlier call installed and leaves any other alone
     (a test's capture, for one).
     """
-    handler = BackgroundStreamHandler(stream if stream is not None else sys.stderr)
+    handler = QueueingHandler(stream if stream is not None else sys.stderr)
     handler.name = HANDLER_NAME
     handler.setFormatter(JsonFormatter() if settings.log_format == "json" else TextFormatter())
     handler.addFilter(RequestId())
@@ -60,96 +59,95 @@ def configure(settings: Settings, stream: TextIO | None = None) -> logging.Handl
     return handler
 
 
-class BackgroundStreamHandler(logging.Handler):
-    """Writes records to a stream from a thread of its own; the logging thread only formats.
+class QueueingHandler(logging.handlers.QueueHandler):
+    """Formats a record in the thread that logs it; a ``QueueListener``'s thread writes it.
 
-    A ``StreamHandler`` holds its lock while it writes, and a write lets go
-    of the interpreter lock; every request writes an access line, and a lock
-    that many threads want is handed on only as fast as each gets the
-    interpreter lock back. Measured on 4 December 2026 with the API reads of
-    ``bench/`` and 500 long-polls held, 10-second rounds: with a lock taken
-    around each line, 611/s and 606/s in two runs (their rounds a third
-    apart), and in two more runs rounds of 1,012/s to 1,425/s and one of
-    550/s; with the access log switched off, four rounds at 1,230/s to
-    1,506/s; with this handler, four at 1,376/s to 1,702/s. Here the thread
-    that logs formats its record and queues the line, taking no lock; the
-    writer writes what has queued every few milliseconds, in one write.
+    The line is formatted before it is queued (``prepare`` formats with this
+    handler's formatter, traceback and ``extra=`` fields included), so the
+    listener's handler writes each queued message as it is.
 
     :meth:`flush` returns once every line queued before it is written, and
-    logging's shutdown at exit flushes and closes every handler, so no line
-    is lost when a process ends normally.
+    :meth:`close` stops the listener once it has written them all. logging's
+    shutdown at exit flushes and closes every handler, so no line is lost
+    when a process ends normally.
     """
 
     def __init__(self, stream: TextIO) -> None:
-        super().__init__()
-        self.stream = stream
-        self._start()
+        self.writer = logging.StreamHandler(stream)
+        self.writer.setFormatter(logging.Formatter("%(message)s"))
+        # Not queue.Queue: its lock is held while Python code runs, so the
+        # interpreter can switch threads while one holds it, and then every
+        # thread that logs waits. A SimpleQueue takes no such lock.
+        super().__init__(queue.SimpleQueue())
+        self.listener: Listener | None = self._listen()
         _RUNNING.add(self)
 
-    def _start(self) -> None:
-        """A new queue and writer: at first, and in a forked child (no thread survives a fork)."""
-        self._queue: queue.SimpleQueue[str | threading.Event | None] = queue.SimpleQueue()
-        self._writer = threading.Thread(target=self._write, name="log-writer", daemon=True)
-        self._writer.start()
+    def _listen(self) -> Listener:
+        listener = Listener(self.queue, self.writer)
+        listener.start()
+        return listener
 
     def handle(self, record: logging.LogRecord) -> logging.LogRecord | bool:  # type: ignore[override]
-        """Filter and emit without the handler's lock: formatting needs none, the queue is safe."""
+        # Without the handler's lock, which every request's access line would
+        # take: a lock hundreds of threads want is handed on only as fast as
+        # each gets the interpreter lock back (bench/HISTORY.md, 4 December
+        # 2026). Formatting needs no lock, and the queue takes none.
         kept = self.filter(record)
         if kept:
             self.emit(kept if isinstance(kept, logging.LogRecord) else record)
         return kept
 
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            line = self.format(record) + "\n"
-        except Exception:
-            self.handleError(record)
-            return
-        self._queue.put(line)
-
     def flush(self) -> None:
-        """Wait until every line queued so far is written (at most a few seconds)."""
-        if self._writer.is_alive():
+        """Return once every line queued so far is written."""
+        if self.listener is not None:
             written = threading.Event()
-            self._queue.put(written)
-            written.wait(_FLUSH_SECONDS)
+            self.queue.put_nowait(written)
+            written.wait()
 
     def close(self) -> None:
-        if self._writer.is_alive():
-            self._queue.put(None)
-            self._writer.join(_FLUSH_SECONDS)
+        self.acquire()  # configure() and logging's shutdown may both close it
+        try:
+            listener, self.listener = self.listener, None
+        finally:
+            self.release()
+        if listener is not None:
+            listener.stop()
+        self.writer.close()
         _RUNNING.discard(self)
         super().close()
 
-    def _write(self) -> None:
-        while True:
-            items = [self._queue.get()]
-            # Under load, lines arrive by the hundred a second: one write for
-            # those of a few milliseconds instead of one for each.
-            time.sleep(_GATHER_SECONDS)
-            while not self._queue.empty():
-                items.append(self._queue.get())
-            # A closed or broken stream: there is nowhere left to say so.
-            with contextlib.suppress(OSError, ValueError):
-                self.stream.write("".join(item for item in items if isinstance(item, str)))
-                self.stream.flush()
-            for item in items:
-                if isinstance(item, threading.Event):
-                    item.set()  # a flush waiting for the lines queued before it
-            if None in items:
-                return
+    def restart_in_child(self) -> None:
+        # No thread survives a fork, and the parent's queue may hold lines the
+        # parent will write.
+        if self.listener is not None:
+            self.queue = queue.SimpleQueue()
+            self.listener = self._listen()
 
 
-_FLUSH_SECONDS: Final = 5.0
-_GATHER_SECONDS: Final = 0.005
-_RUNNING: weakref.WeakSet[BackgroundStreamHandler] = weakref.WeakSet()
+class Listener(logging.handlers.QueueListener):
+    """A ``QueueListener`` that also sets each ``Event`` it finds in the queue: a flush.
+
+    (A flush cannot stop the listener and start another: from Python 3.12 a
+    process that has begun to exit may start no thread, and logging flushes
+    every handler then.)
+    """
+
+    def handle(self, record: logging.LogRecord | threading.Event) -> None:
+        if isinstance(record, threading.Event):
+            record.set()
+        else:
+            super().handle(record)
+
+
+_RUNNING: weakref.WeakSet[QueueingHandler] = weakref.WeakSet()
 
 
 def _restart_in_child() -> None:
     for handler in list(_RUNNING):
-        handler._start()
+        handler.restart_in_child()
 
 
+# gunicorn configures logging in its master, then forks its workers.
 os.register_at_fork(after_in_child=_restart_in_child)
 
 

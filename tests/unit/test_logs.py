@@ -7,6 +7,9 @@ import json
 import logging
 import os
 import re
+import subprocess
+import sys
+import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -202,3 +205,59 @@ def test_a_forked_process_writes_its_own_lines(
     text = log_file.read_text()
     assert "from the parent" in text
     assert "from the child" in text
+
+
+def run_python(script: str, environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``script`` in a process of its own, with this checkout importable; it must succeed."""
+    root = Path(__file__).resolve().parents[2]
+    path = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=root,
+                            env={**os.environ, **environ, "PYTHONPATH": path},
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+CONFIGURED = """
+    import logging, os, sys
+    from gateway import logs
+    from gateway.settings import load_settings
+    logs.configure(load_settings())
+    log = logging.getLogger("gateway.test")
+"""
+
+
+def test_lines_logged_just_before_exit_are_all_written(base_environ: dict[str, str]) -> None:
+    result = run_python(CONFIGURED + """
+    for number in range(2000):
+        log.info("line %d", number, extra={"number": number})
+    print("done")
+    """, {**base_environ, "GATEWAY_LOG_FORMAT": "json"})
+    assert result.stdout == "done\n"  # the log is on stderr only
+    lines = [json.loads(line) for line in result.stderr.splitlines()]
+    assert [line["number"] for line in lines] == list(range(2000))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_writes_its_lines_until_it_exits(base_environ: dict[str, str]) -> None:
+    # As gunicorn runs: logging set up in the master, which forks a worker
+    # that logs and ends with sys.exit, flushing nothing itself.
+    result = run_python(CONFIGURED + """
+    log.warning("from the parent")
+    child = os.fork()
+    if child == 0:
+        for number in range(500):
+            log.warning("from the child", extra={"number": number})
+        sys.exit(0)
+    _, status = os.waitpid(child, 0)
+    assert status == 0, status
+    log.warning("the child is done")
+    """, {**base_environ, "GATEWAY_LOG_FORMAT": "json"})
+    lines = [json.loads(line) for line in result.stderr.splitlines()]
+    parent = [line for line in lines if line["message"] != "from the child"]
+    child = [line for line in lines if line["message"] == "from the child"]
+    # The parent's lines once each: the child does not write what the parent queued.
+    assert [line["message"] for line in parent] == ["from the parent", "the child is done"]
+    assert [line["number"] for line in child] == list(range(500))
+    assert {line["pid"] for line in child} != {parent[0]["pid"]}
+    assert len({line["pid"] for line in child}) == 1
