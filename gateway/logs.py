@@ -87,16 +87,6 @@ class QueueingHandler(logging.handlers.QueueHandler):
         listener.start()
         return listener
 
-    def handle(self, record: logging.LogRecord) -> logging.LogRecord | bool:  # type: ignore[override]
-        # Without the handler's lock, which every request's access line would
-        # take: a lock hundreds of threads want is handed on only as fast as
-        # each gets the interpreter lock back (bench/HISTORY.md, 4 December
-        # 2026). Formatting needs no lock, and the queue takes none.
-        kept = self.filter(record)
-        if kept:
-            self.emit(kept if isinstance(kept, logging.LogRecord) else record)
-        return kept
-
     def flush(self) -> None:
         """Return once every line queued so far is written."""
         if self.listener is not None:
