@@ -85,7 +85,8 @@ def stored(engine: Engine, keyring_file: Path) -> dict[str, str]:
 
 
 def versions(engine: Engine) -> dict[int, int]:
-    with Session(engine) as session:
+    # A reader, as the rewrap's writes must not wait for this look.
+    with Session(db.for_reads(engine)) as session:
         rows = session.execute(select(Credential.key_version, func.count())
                                .group_by(Credential.key_version)).all()
         return {row[0]: row[1] for row in rows}
