@@ -128,16 +128,17 @@ def transaction() -> Iterator[Session]:
         return
     if current.in_transaction():
         current.commit()  # a read only: nothing is written
-    current.connection(execution_options={sqlite.READS: False})
-    current.info[_WRITING] = True
-    try:
-        yield current
-        current.commit()
-    except BaseException:
-        current.rollback()
-        raise
-    finally:
-        current.info.pop(_WRITING, None)
+    with sqlite.writer_turn(current.get_bind().engine):
+        current.connection(execution_options={sqlite.READS: False})
+        current.info[_WRITING] = True
+        try:
+            yield current
+            current.commit()
+        except BaseException:
+            current.rollback()
+            raise
+        finally:
+            current.info.pop(_WRITING, None)
 
 
 T = TypeVar("T")

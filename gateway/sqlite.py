@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+from collections.abc import Iterator
 from typing import Any, Final
 
 from sqlalchemy import Connection, Engine, create_engine, event
@@ -79,3 +81,27 @@ def _create_private(path: str | None) -> None:
         return
     with contextlib.suppress(FileExistsError, FileNotFoundError, NotADirectoryError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
+_TURNS: dict[str | None, threading.Lock] = {}
+_TURNS_GUARD: Final = threading.Lock()
+
+
+@contextlib.contextmanager
+def writer_turn(engine: Engine) -> Iterator[None]:
+    """Wait for this process's other write transactions on the file, in turn.
+
+    SQLite's busy handler lets a waiting writer sleep in growing steps while
+    later ones take the lock first, and under steady writes some waiters
+    sleep step after step (the tail of bench/HISTORY.md's 6 December entry).
+    Threads of one process that would write wait on a lock instead and go
+    as soon as the one before has committed; writers of other processes
+    still meet in the busy handler, one per process at a time.
+    """
+    if engine.dialect.name != "sqlite":
+        yield
+        return
+    with _TURNS_GUARD:
+        turn = _TURNS.setdefault(engine.url.database, threading.Lock())
+    with turn:
+        yield

@@ -141,10 +141,11 @@ def capture(session: Session, clock: Clock, elicitation: Elicitation, credential
                      target=previous.id, source_ip=source_ip,
                      details={"client_id": previous.client_id, "type": previous.type,
                               "reason": "superseded", "superseded_by": credential.id})
+    # The revocations are written first: the unique index of live keys is
+    # checked as each row is written, and would refuse the new key beside them.
+    session.flush()
     session.add(credential)
     try:
-        # The revocations first, then the new key: the unique index of live
-        # keys is checked as each row is written.
         session.flush()
     except IntegrityError as error:
         if not _another_live_key(error):

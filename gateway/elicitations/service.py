@@ -218,12 +218,12 @@ def get(session: Session, client: ClientIdentity, elicitation_id: str) -> Elicit
     return elicitation
 
 
-def _load(session: Session, elicitation_id: str) -> Elicitation | None:
+def _load(session: Session, elicitation_id: str, *, fresh: bool = False) -> Elicitation | None:
     # An id the gateway cannot have minted names nothing, and is not sent to
     # the database: PostgreSQL answers a NUL in it with an error, not a miss.
     if not _ELICITATION_ID.fullmatch(elicitation_id):
         return None
-    return session.get(Elicitation, elicitation_id)
+    return session.get(Elicitation, elicitation_id, populate_existing=fresh)
 
 
 def expire_if_overdue(session: Session, clock: Clock, elicitation: Elicitation) -> bool:
@@ -330,7 +330,10 @@ def open_for(session: Session, clock: Clock, subject: Subject, elicitation_id: s
     else). Raises NotFound for an unknown link and WrongAccount for another
     user's, before anything is changed.
     """
-    elicitation = _load(session, elicitation_id)
+    # Read afresh, not from the session's copy: a request that checks the
+    # link again (after a live check, or Stripe's answer) must see what
+    # another tab did meanwhile.
+    elicitation = _load(session, elicitation_id, fresh=True)
     if elicitation is None:
         raise NotFound(NO_SUCH_LINK)
     if (subject.iss, subject.sub) != (elicitation.subject_iss, elicitation.subject_sub):

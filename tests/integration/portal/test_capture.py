@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -24,7 +24,7 @@ from gateway.clock import FixedClock, SystemClock
 from gateway.credentials import service as credentials
 from gateway.credentials.catalog import CredentialType, current_catalog
 from gateway.credentials.models import Credential
-from gateway.elicitations import lifecycle
+from gateway.elicitations import lifecycle, views
 from gateway.elicitations.models import Elicitation
 from gateway.vault import keyring
 from gateway.vault.keyring import current_keyring
@@ -267,6 +267,29 @@ def test_a_key_submitted_from_a_page_read_before_another_tab_opened_it_is_stored
     # The page reads it again and stores the key then, as submitting does.
     assert "This request is complete" in submit(alices, link).get_data(as_text=True)
     assert api.get(f"/api/v1/elicitations/{link['id']}").get_json()["status"] == "completed"
+
+
+def test_a_link_ended_while_its_key_was_checked_shows_its_end_and_stores_nothing(
+    app: Flask, alices: Browser, link_for: Callable[..., dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    link = link_for("alice")
+    alices.get(f"/e/{link['id']}")
+    checked = views._verified
+
+    def declined_in_another_tab(*arguments: Any) -> Any:
+        # While the key is checked, the user declines in another tab.
+        with db.engine().begin() as connection:
+            connection.execute(update(Elicitation).where(Elicitation.id == link["id"])
+                               .values(status="declined"))
+        return checked(*arguments)
+
+    monkeypatch.setattr(views, "_verified", declined_in_another_tab)
+    answer = submit(alices, link)
+    assert answer.status_code == 200
+    assert "You declined this request" in answer.get_data(as_text=True)
+    with app.app_context():
+        assert db.session().scalars(select(Credential)).all() == []
 
 
 def test_a_second_submit_changes_nothing(
