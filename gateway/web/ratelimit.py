@@ -15,10 +15,9 @@ from flask import Blueprint, Flask, Response, current_app, g, request
 from flask_limiter import Limiter, RateLimitExceeded, RequestLimit
 
 from gateway.errors import GatewayError
-from gateway.metrics import counters as metrics
+from gateway.metrics import counters
 from gateway.settings import Settings
 from gateway.tokens import keyed_digest
-from gateway.web import counters
 from gateway.web.errors import render_error
 
 EXTENSION = "gateway.limiter"
@@ -30,7 +29,7 @@ def init_app(app: Flask, settings: Settings) -> Limiter:
     """Attach a limiter to the app; limits are added per blueprint with :func:`limit_api`."""
     limiter = Limiter(
         key_func=source_address,
-        storage_uri=counters.storage_uri(settings.ratelimit_storage_url),
+        storage_uri=settings.ratelimit_storage_url,
         strategy="fixed-window",
         # Flask-Limiter's own headers would put a Retry-After on every
         # response, and raise a 503's to the window's end: the API adds the
@@ -45,7 +44,7 @@ def init_app(app: Flask, settings: Settings) -> Limiter:
     limiter.init_app(app)
     app.register_error_handler(RateLimitExceeded, _refused)
     app.extensions[EXTENSION] = limiter
-    app.extensions[HITS_EXTENSION] = metrics.rate_limit_hits()
+    app.extensions[HITS_EXTENSION] = counters.rate_limit_hits()
     return limiter
 
 
