@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from flask import Blueprint, Flask, Response, current_app, g, request
 from flask_limiter import Limiter, RateLimitExceeded, RequestLimit
@@ -50,6 +51,11 @@ def init_app(app: Flask, settings: Settings) -> Limiter:
     app.extensions[EXTENSION] = limiter
     app.extensions[HITS_EXTENSION] = counters.rate_limit_hits()
     return limiter
+
+
+def counts_per_process(settings: Settings) -> bool:
+    """Whether each process keeps its own counters (the in-memory store)."""
+    return urlsplit(settings.ratelimit_storage_url).scheme == "memory"
 
 
 def counted(scope: str) -> Callable[[RequestLimit], None]:
