@@ -84,9 +84,9 @@ def current_client() -> ClientIdentity:
 
 
 def _authenticate() -> None:
-    if any(name.lower() in _TOKEN_PARAMETERS for name in request.args) or any(
-        value.startswith("gw_") for value in request.args.values()
-    ):
+    # Every value of a repeated name: the first alone would let ?x=a&x=gw_… through.
+    if any(name.lower() in _TOKEN_PARAMETERS or value.startswith("gw_")
+           for name, value in request.args.items(multi=True)):
         raise TokenInQuery()
     view = current_app.view_functions.get(request.endpoint or "")
     if getattr(view, _PUBLIC_ATTRIBUTE, False):
