@@ -121,6 +121,15 @@ def query_text(name: str, adapter: TypeAdapter[str]) -> str | None:
                            field=name) from None
 
 
+def query_cursor() -> str | None:
+    """The ``cursor`` query parameter; empty asks for the first page, as absent does.
+
+    Clients that build the URL from the last next_cursor they kept send
+    ``cursor=`` for the first page, and the OpenAPI document allows it.
+    """
+    return request.args.get("cursor") or None
+
+
 def _describe(item: Any) -> dict[str, str]:
     parts = list(item["loc"])
     if parts and parts[0] in _KIND_TAGS:

@@ -134,6 +134,15 @@ def test_a_crafted_cursor_is_refused_by_every_listing(api: Api, listing: str, ra
     assert problem["field"] == "cursor"
 
 
+@pytest.mark.parametrize("listing", ["elicitations", "credentials"])
+def test_an_empty_cursor_asks_for_the_first_page(
+    api: Api, created: dict[str, Any], listing: str,
+) -> None:
+    first = api.get(f"/api/v1/{listing}")
+    assert first.status_code == 200
+    assert api.get(f"/api/v1/{listing}?cursor=").get_json() == first.get_json()
+
+
 @pytest.mark.parametrize("wait", ["61", "-1", "soon", "1.5"])
 def test_wait_is_bounded(api: Api, created: dict[str, Any], wait: str) -> None:
     problem = assert_problem(api.get(f"/api/v1/elicitations/{created['id']}?wait={wait}"), 422)
