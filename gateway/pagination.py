@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-from datetime import datetime
+import re
+from datetime import UTC, datetime
 
 from gateway.errors import InvalidInput
+from gateway.tokens import ID_PATTERN
+
+_ROW_ID = re.compile(ID_PATTERN)
 
 
 def encode_cursor(created_at: datetime, row_id: str) -> str:
@@ -20,16 +24,21 @@ def encode_cursor(created_at: datetime, row_id: str) -> str:
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The position a cursor points after; a cursor we did not make is refused."""
+    """The position a cursor points after; a cursor we did not make is refused.
+
+    Whatever is refused here would otherwise reach the query: a moment that
+    leaves datetime's range once moved to UTC (``0001-01-01T00:00:00+14:00``)
+    or an id with a NUL, which PostgreSQL refuses, would answer 500.
+    """
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         created_at, last_id = raw.split("|", 1)
         moment = datetime.fromisoformat(created_at)
-    except (binascii.Error, UnicodeDecodeError, ValueError):
+        if moment.tzinfo is None or not _ROW_ID.fullmatch(last_id):
+            raise ValueError
+        return moment.astimezone(UTC), last_id
+    except (binascii.Error, UnicodeDecodeError, ValueError, OverflowError):
         raise InvalidInput("cursor is not one this API returned", field="cursor") from None
-    if moment.tzinfo is None:
-        raise InvalidInput("cursor is not one this API returned", field="cursor")
-    return moment, last_id
 
 
 def timestamp(moment: datetime | None) -> str | None:

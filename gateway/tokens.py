@@ -17,6 +17,8 @@ from typing import Final
 from gateway.settings import Secret
 
 TOKEN_BYTES: Final = 32
+# What new_id mints: a short prefix, then URL-safe base64.
+ID_PATTERN: Final = r"[a-z]{2,4}_[A-Za-z0-9_-]{1,40}"
 
 
 def new_token(prefix: str) -> str:

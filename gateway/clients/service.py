@@ -240,14 +240,19 @@ def check_webhook_url(url: str, policy: OutboundPolicy) -> None:
 
     A name that does not resolve yet is accepted: every delivery checks again.
     """
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        # urlsplit parses the port only when asked, and refuses one past 65535 then.
+        given_port = parts.port
+    except ValueError as error:
+        raise InvalidInput(f"webhook URL is not a URL ({error}): {url!r}") from None
     if not parts.hostname or parts.scheme not in ("https", "http"):
         raise InvalidInput(f"webhook URL must be an https:// URL, got {url!r}")
     if parts.username or parts.password:
         raise InvalidInput("webhook URL must not carry a user name or password")
     if parts.fragment:
         raise InvalidInput("webhook URL must not have a #fragment")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    port = given_port or (443 if parts.scheme == "https" else 80)
     try:
         policy.checked_addresses(parts.scheme, parts.hostname, port)
     except BlockedDestination as error:

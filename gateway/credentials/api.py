@@ -14,7 +14,7 @@ from gateway.credentials.catalog import current_catalog
 from gateway.elicitations.schemas import Issuer, SubjectId
 from gateway.errors import InvalidInput
 from gateway.vault.keyring import current_keyring
-from gateway.web.api import current_client, query_text
+from gateway.web.api import current_client, query_cursor, query_text
 from gateway.web.context import current_clock
 
 blueprint = Blueprint("credentials", __name__, url_prefix="/credentials")
@@ -51,7 +51,7 @@ def list_credentials() -> Response:
     page, next_cursor = service.list_for_client(
         db.session(), current_client().id, subject_iss=query_text("subject_iss", ISSUER),
         subject_sub=query_text("subject_sub", SUBJECT_ID), type_id=_type(),
-        include_revoked=status == "all", cursor=request.args.get("cursor"),
+        include_revoked=status == "all", cursor=query_cursor(),
         limit=int(raw_limit))
     items = [service.represent(credential) for credential in page]
     return jsonify(items=items, next_cursor=next_cursor)

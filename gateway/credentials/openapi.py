@@ -11,7 +11,14 @@ from gateway.credentials.schemas import (
     CredentialView,
     RevealedCredential,
 )
-from gateway.web.openapi import Document, json_answer, problem_responses, query, subject_filters
+from gateway.web.openapi import (
+    Document,
+    cursor_query,
+    json_answer,
+    problem_responses,
+    query,
+    subject_filters,
+)
 
 
 def describe(document: Document, *, credential_types: list[str]) -> None:
@@ -29,7 +36,7 @@ def describe(document: Document, *, credential_types: list[str]) -> None:
             query("type", {"type": "string", "enum": credential_types}),
             query("status", {"type": "string", "enum": ["active", "all"],
                              "description": "all: revoked ones too"}),
-            query("cursor", {"type": "string", "format": "cursor"}),
+            cursor_query(),
             query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}),
         ],
         "responses": {"200": json_answer("One page", page),

@@ -17,7 +17,7 @@ from gateway.elicitations.models import Elicitation
 from gateway.elicitations.schemas import Issuer, SubjectId, create_adapter
 from gateway.elicitations.waiting import WaitHub
 from gateway.errors import InvalidInput
-from gateway.web.api import current_client, json_body, query_text
+from gateway.web.api import current_client, json_body, query_cursor, query_text
 from gateway.web.context import current_clock, current_settings
 
 blueprint = Blueprint("elicitations", __name__, url_prefix="/elicitations")
@@ -117,7 +117,7 @@ def list_elicitations() -> Response:
     limit = _limit()
     with db.transaction() as session:
         page, next_cursor = service.list_page(session, current_clock(), current_client().id,
-                                              filters, request.args.get("cursor"), limit)
+                                              filters, query_cursor(), limit)
         now: datetime = current_clock().now()
         items = [service.represent(e, current_settings().public_url, now) for e in page]
     return jsonify(items=items, next_cursor=next_cursor)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Final
-
 from gateway.elicitations.api import MAX_WAIT_SECONDS
 from gateway.elicitations.service import MAX_PAGE
-from gateway.web.openapi import Document, json_answer, problem_responses, query, subject_filters
-
-# The OpenAPI format of paging cursors: a next_cursor the API returned.
-CURSOR_FORMAT: Final = "cursor"
+from gateway.web.openapi import (
+    Document,
+    cursor_query,
+    json_answer,
+    problem_responses,
+    query,
+    subject_filters,
+)
 
 
 def describe(document: Document, *, credential_types: list[str],
@@ -52,8 +54,7 @@ def describe(document: Document, *, credential_types: list[str],
                 "status"].annotation.__args__)}),  # type: ignore[union-attr]
             query("kind", {"type": "string", "enum": ["api_key", "payment"]}),
             *subject_filters(),
-            # Opaque: only a next_cursor this API returned is a cursor.
-            query("cursor", {"type": "string", "format": CURSOR_FORMAT}),
+            cursor_query(),
             query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}),
         ],
         "responses": {"200": json_answer("One page", page),

@@ -93,13 +93,18 @@ def check_local_login(session: Session, clock: Clock, *, username: str, password
 
     A failure returns rather than raises, so the caller commits its audit row.
     """
-    user = session.scalar(select(User).where(User.username == username.strip().lower()))
+    name = username.strip().lower()
+    # A name no account can have is not looked up: PostgreSQL refuses a NUL
+    # in a query's text, and the attempt must fail as any other would.
+    user = session.scalar(select(User).where(User.username == name)) \
+        if USERNAME.fullmatch(name) else None
     valid = passwords.verify_password(user.password_hash if user else None, password)
     if user is None or not valid or not user.active:
         reason = "unknown user" if user is None else \
             "wrong password" if not valid else "disabled user"
         audit.record(session, clock, actor=f"anonymous@{source_ip or 'unknown'}",
-                     action="login.failed", outcome="failure", target=username[:64],
+                     action="login.failed", outcome="failure",
+                     target=username[:64].replace("\x00", "\ufffd"),
                      source_ip=source_ip, details={"reason": reason, "backend": "local"})
         return None
     if passwords.needs_rehash(user.password_hash):

@@ -9,6 +9,7 @@ from gateway import db
 from gateway.audit import service as audit
 from gateway.identity import oidc, service
 from gateway.identity.web import actor_of, current_subject, log_in, log_out, safe_next
+from gateway.web import ratelimit
 from gateway.web.context import current_clock, current_settings
 
 blueprint = Blueprint("identity", __name__)
@@ -40,10 +41,11 @@ def login_submit() -> Response | tuple[str, int]:
                          target=user.username, source_ip=request.remote_addr,
                          details={"backend": "local"})
     if user is None:
-        # 401 is what the failed-login rate limit counts.
         page = render_template("login.html", next_path=next_path, username=username[:64],
                                error="The user name or password is not right.")
         return page, 401
+    # The login limits hold failures; this attempt was counted before its check.
+    ratelimit.give_back_login()
     log_in(subject)
     return redirect(next_path, code=303)
 

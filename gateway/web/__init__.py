@@ -1,16 +1,17 @@
-"""The web edge: HTTPS and host enforcement, security headers, errors, health."""
+"""The web edge: HTTPS and host enforcement, body limits, security headers, errors, health."""
 
 from __future__ import annotations
 
 from flask import Flask
 
 from gateway.settings import Settings
-from gateway.web import errors, headers, https, views
+from gateway.web import bodies, errors, headers, https, views
 
 
 def init_app(app: Flask, settings: Settings) -> None:
     """Install the edge's hooks and routes on the app."""
     errors.init_app(app)  # first: every later hook may need the request id
     https.init_app(app, settings)
+    bodies.init_app(app)
     headers.init_app(app, settings)
     app.register_blueprint(views.blueprint)

@@ -84,9 +84,9 @@ def current_client() -> ClientIdentity:
 
 
 def _authenticate() -> None:
-    if any(name.lower() in _TOKEN_PARAMETERS for name in request.args) or any(
-        value.startswith("gw_") for value in request.args.values()
-    ):
+    # Every value of a repeated name: the first alone would let ?x=a&x=gw_… through.
+    if any(name.lower() in _TOKEN_PARAMETERS or value.startswith("gw_")
+           for name, value in request.args.items(multi=True)):
         raise TokenInQuery()
     view = current_app.view_functions.get(request.endpoint or "")
     if getattr(view, _PUBLIC_ATTRIBUTE, False):
@@ -119,6 +119,15 @@ def query_text(name: str, adapter: TypeAdapter[str]) -> str | None:
     except ValidationError as error:
         raise InvalidInput(f"{name}: {error.errors(include_url=False)[0]['msg']}",
                            field=name) from None
+
+
+def query_cursor() -> str | None:
+    """The ``cursor`` query parameter; empty asks for the first page, as absent does.
+
+    Clients that build the URL from the last next_cursor they kept send
+    ``cursor=`` for the first page, and the OpenAPI document allows it.
+    """
+    return request.args.get("cursor") or None
 
 
 def _describe(item: Any) -> dict[str, str]:

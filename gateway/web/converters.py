@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from werkzeug.routing import BaseConverter
 
+from gateway.tokens import ID_PATTERN
+
 
 class IdConverter(BaseConverter):
     """``<id:name>``: a gateway id such as ``el_…`` or ``cr_…``."""
 
-    regex = r"[a-z]{2,4}_[A-Za-z0-9_-]{1,40}"
+    regex = ID_PATTERN

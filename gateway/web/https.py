@@ -12,7 +12,9 @@ from collections.abc import Callable
 from typing import Final, TypeVar
 
 from flask import Flask, current_app, redirect, request
+from werkzeug.exceptions import SecurityError
 from werkzeug.middleware.proxy_fix import ProxyFix
+from werkzeug.sansio.utils import host_is_trusted
 from werkzeug.wrappers import Response
 
 from gateway.errors import GatewayError
@@ -34,9 +36,9 @@ def allow_plain_http(view: View) -> View:
 
 def init_app(app: Flask, settings: Settings) -> None:
     """Trust the configured proxy hops and enforce host and scheme on every request."""
-    # Flask answers 400 to any Host outside this list, which stops DNS
-    # rebinding and poisoned absolute URLs.
-    app.config["TRUSTED_HOSTS"] = list(settings.trusted_hosts)
+    # The host rule is checked in _enforce_https, not by Flask's
+    # TRUSTED_HOSTS: that compares case-sensitively (a Host of LOCALHOST
+    # was refused) and runs before routing, so no route could opt out.
     if settings.proxy_hops:
         hops = settings.proxy_hops
         app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
@@ -71,8 +73,7 @@ def _enforce_https() -> Response | None:
     view = current_app.view_functions.get(request.endpoint or "")
     if getattr(view, _PLAIN_HTTP_ATTRIBUTE, False):
         return None
-    # Reading the host runs Flask's TRUSTED_HOSTS check (400 when outside it).
-    request.host  # noqa: B018
+    _check_host()
     if request.scheme == "https":
         return None
     if is_api_request():
@@ -80,3 +81,13 @@ def _enforce_https() -> Response | None:
     settings: Settings = current_app.extensions["gateway.settings"]
     target = settings.public_url + request.full_path.rstrip("?")
     return redirect(target, code=301)
+
+
+def _check_host() -> None:
+    # A Host outside the configured names answers 400: that stops DNS
+    # rebinding and absolute URLs built from a poisoned Host. Host names are
+    # case-insensitive (RFC 9110, section 4.2.3), so the comparison is too.
+    settings: Settings = current_app.extensions["gateway.settings"]
+    trusted = [host.lower() for host in settings.trusted_hosts]
+    if not host_is_trusted(request.host.lower(), trusted):
+        raise SecurityError("This site does not answer to that host name.")

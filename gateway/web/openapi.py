@@ -88,6 +88,17 @@ def query(name: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "in": "query", "required": False, "schema": schema}
 
 
+# The OpenAPI format of paging cursors: a next_cursor the API returned.
+CURSOR_FORMAT: Final = "cursor"
+
+
+def cursor_query() -> dict[str, Any]:
+    """``cursor``: opaque, only a next_cursor this API returned; empty, as absent, is page one."""
+    return query("cursor", {"type": "string", "format": CURSOR_FORMAT,
+                            "description": "the next_cursor of the page before; absent or "
+                                           "empty for the first page"})
+
+
 def subject_filters() -> list[dict[str, Any]]:
     """``subject_iss`` and ``subject_sub``, under the rules of a subject in a body."""
     from gateway.elicitations.schemas import Issuer, SubjectId

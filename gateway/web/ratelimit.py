@@ -1,15 +1,18 @@
-"""Rate limits (Flask-Limiter): per API token and per source address on the API.
+"""Rate limits (Flask-Limiter): API calls per token and per address, logins per account and address.
 
-Counters live in memory for one instance, or in Redis
-(GATEWAY_RATELIMIT_STORAGE_URL) when several instances share the load. A
+Counters live in the memory of one process (each gunicorn worker counts on
+its own), or in Redis (GATEWAY_RATELIMIT_STORAGE_URL) when several processes
+or instances share the load. A
 client over its limit gets 429 with Retry-After, as problem+json, and the
 refusal is counted for ``/metrics`` under the limit's scope.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from flask import Blueprint, Flask, Response, current_app, g, request
 from flask_limiter import Limiter, RateLimitExceeded, RequestLimit
@@ -19,6 +22,8 @@ from gateway.metrics import counters
 from gateway.settings import Settings
 from gateway.tokens import keyed_digest
 from gateway.web.errors import render_error
+
+log = logging.getLogger(__name__)
 
 EXTENSION = "gateway.limiter"
 KEY_PREFIX = "gateway"
@@ -46,6 +51,11 @@ def init_app(app: Flask, settings: Settings) -> Limiter:
     app.extensions[EXTENSION] = limiter
     app.extensions[HITS_EXTENSION] = counters.rate_limit_hits()
     return limiter
+
+
+def counts_per_process(settings: Settings) -> bool:
+    """Whether each process keeps its own counters (the in-memory store)."""
+    return urlsplit(settings.ratelimit_storage_url).scheme == "memory"
 
 
 def counted(scope: str) -> Callable[[RequestLimit], None]:
@@ -116,28 +126,49 @@ def _budget_headers(response: Response) -> Response:
 
 
 def limit_logins(app: Flask, blueprint: Blueprint, settings: Settings) -> None:
-    """Count failed logins per account and per address; past the limit, refuse them all.
+    """Count logins per account and per address; past the limit, refuse them all.
 
-    Only failures count (a login that fails answers 401), but once the limit
-    is reached every attempt gets 429 until the window ends, the right
-    password included: otherwise the limit would tell a guesser when it hit.
+    Every attempt is counted before its password is checked: Flask-Limiter
+    counts in its hook, which runs before the view, with one atomic increment
+    per limit. Counting only failures, after their answer, would let guesses
+    sent at once all pass a limit none of them had yet been counted against,
+    the right one among them. A login that succeeds gives its count back
+    (:func:`give_back_login`), so the limits hold failures only: users behind
+    one shared address (an office, a campus) do not lock each other out by
+    logging in. Once the limit is reached every attempt gets 429 until the
+    window ends, the right password included: otherwise the limit would tell
+    a guesser when it hit.
     """
     limiter: Limiter = app.extensions[EXTENSION]
     message = "Too many failed logins. Wait a few minutes, then try again."
     for key_func, scope in ((login_account_key, "login-account"),
                             (source_address, "login-ip")):
         limiter.limit(settings.ratelimit_login, key_func=key_func, scope=scope,
-                      methods=["POST"], deduct_when=_failed_login, error_message=message,
+                      methods=["POST"], error_message=message,
                       exempt_when=_not_a_login, on_breach=counted(scope))(blueprint)
+
+
+def give_back_login() -> None:
+    """Take back the count of this request's login, which succeeded."""
+    limiter: Limiter = current_app.extensions[EXTENSION]
+    for spent in limiter.current_limits:
+        try:
+            # Only into the window that counted it: a window that has ended
+            # reads as untouched, and giving back there would credit the next
+            # one (a negative count) with an extra guess.
+            window = limiter.limiter.get_window_stats(spent.limit, *spent.request_args)
+            if window.remaining < spent.limit.amount:
+                limiter.limiter.hit(spent.limit, *spent.request_args, cost=-1)
+        except limiter.storage.base_exceptions:
+            # As for the counting itself (swallow_errors): a storage outage
+            # must not fail a login that went through.
+            log.warning("could not give back a successful login's rate-limit count",
+                        exc_info=True)
 
 
 def _not_a_login() -> bool:
     # The limits sit on the identity blueprint; only its login form counts.
     return request.endpoint != "identity.login_submit"
-
-
-def _failed_login(response: Response) -> bool:
-    return response.status_code == 401
 
 
 def login_account_key() -> str:

@@ -82,6 +82,8 @@ def test_bad_input_stops_with_one_line_and_writes_nothing(
         (("clients", "create", "x", "--webhook-url", "http://mcp.example.com/"), "plain http"),
         (("clients", "create", "x", "--webhook-url", "https://169.254.169.254/"), "refused"),
         (("clients", "create", "x", "--webhook-url", "https://10.1.2.3/hooks"), "private"),
+        (("clients", "create", "x", "--webhook-url", "https://h:99999/"), "Port out of range"),
+        (("clients", "create", "x", "--webhook-url", "https://[::1/"), "Invalid IPv6 URL"),
         (("clients", "create", "bad\nname"), "client name"),
         (("clients", "show", "nobody"), "no client"),
         (("elicitations", "show", "el_nothing"), "no elicitation"),

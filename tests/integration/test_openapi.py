@@ -26,11 +26,11 @@ from sqlalchemy import delete
 
 from gateway.credentials.catalog import catalog_path, load_catalog
 from gateway.elicitations.models import Elicitation, IdempotencyRecord
-from gateway.elicitations.openapi import CURSOR_FORMAT
 from gateway.elicitations.schemas import ELICITATION_ID
 from gateway.pagination import encode_cursor
 from gateway.settings import Settings
 from gateway.web.api import PREFIX
+from gateway.web.openapi import CURSOR_FORMAT
 from tests.conftest import Registered
 
 ORIGIN: Final = "https://gateway.test"

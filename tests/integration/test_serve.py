@@ -20,8 +20,9 @@ from sqlalchemy import create_engine, text
 
 from gateway.db import POSTGRES_CONNECTIONS_PER_PROCESS
 from gateway.serving.affinity import pins
-from gateway.serving.cli import _warn_if_connections_may_run_out
+from gateway.serving.cli import DEFAULT_WORKERS, _warn_if_connections_may_run_out, workers_for
 from gateway.serving.tls import dev_certificate_paths, make_self_signed
+from gateway.settings import Settings
 from tests.integration.conftest import Result, Server, tls_context
 
 pytestmark = pytest.mark.slow
@@ -107,6 +108,29 @@ def test_behind_a_proxy_plain_http_pages_redirect_and_the_api_refuses(
     assert get(server, "/", None, {}).status == 301
 
 
+def test_several_workers_counting_in_memory_are_refused(
+    run_gateway: Callable[..., Result],
+) -> None:
+    result = run_gateway("serve", "--workers", "2")
+    assert result.code == 1
+    [line] = result.stderr.strip().splitlines()
+    assert "2 times as loose" in line
+    assert "GATEWAY_RATELIMIT_STORAGE_URL" in line
+    assert "--per-worker-limits" in line
+
+
+def test_workers_default_to_one_while_each_would_count_alone(
+    make_settings: Callable[..., Settings],
+) -> None:
+    in_memory = make_settings()
+    shared = make_settings(GATEWAY_RATELIMIT_STORAGE_URL="redis://127.0.0.1:6379/0")
+    assert workers_for(in_memory, None, per_worker_limits=False) == 1
+    assert workers_for(in_memory, 1, per_worker_limits=False) == 1
+    assert workers_for(in_memory, 3, per_worker_limits=True) == 3
+    assert workers_for(shared, None, per_worker_limits=False) == DEFAULT_WORKERS
+    assert workers_for(shared, 4, per_worker_limits=False) == 4
+
+
 def test_no_tls_without_a_proxy_is_refused(run_gateway: Callable[..., Result]) -> None:
     result = run_gateway("serve", "--no-tls")
     assert result.code == 1
@@ -137,7 +161,7 @@ def test_a_second_server_on_a_running_gateways_port_is_refused(
 def test_connections_are_spread_over_the_workers(
     start_server: Callable[..., Server], instance_path: Path,
 ) -> None:
-    server = start_server("--workers", "2", "--no-worker")
+    server = start_server("--workers", "2", "--per-worker-limits", "--no-worker")
     workers = _workers_listening(server, count=2)
     listening = {pid: _sockets_of(pid) & _port_sockets(server.port, _LISTEN) for pid in workers}
     # A socket of its own in each worker, none shared and none in the master:
@@ -177,7 +201,8 @@ needs_cpus = pytest.mark.skipif(not pins(len(CPUS)) or len(CPUS) > 8,
 def test_pinned_with_a_worker_per_cpu_each_runs_on_a_cpu_of_its_own(
     start_server: Callable[..., Server],
 ) -> None:
-    server = start_server("--workers", str(len(CPUS)), "--no-worker", "--pin-workers")
+    server = start_server("--workers", str(len(CPUS)), "--per-worker-limits", "--no-worker",
+                          "--pin-workers")
     workers = _workers_listening(server, count=len(CPUS))
     placed = {pid: os.sched_getaffinity(pid) for pid in workers}
     assert sorted(cpu for cpus in placed.values() for cpu in cpus) == CPUS, placed
@@ -200,7 +225,8 @@ def test_otherwise_the_kernel_places_the_workers(
 ) -> None:
     # Even when asked, several single-worker servers on one host must not all
     # crowd one CPU.
-    server = start_server("--workers", str(len(CPUS)), "--no-worker", *placement)
+    server = start_server("--workers", str(len(CPUS)), "--per-worker-limits", "--no-worker",
+                          *placement)
     workers = _workers_listening(server, count=1 if "--workers" in placement else len(CPUS))
     assert all(os.sched_getaffinity(pid) == set(CPUS) for pid in workers)
 
@@ -321,7 +347,7 @@ def test_more_workers_than_postgresql_has_connections_for_are_warned_about(
     one = start_server("--no-worker")
     assert "PostgreSQL has" not in one.output()
     too_many = limit // POSTGRES_CONNECTIONS_PER_PROCESS + 1
-    crowded = start_server("--workers", str(too_many), "--no-worker")
+    crowded = start_server("--workers", str(too_many), "--per-worker-limits", "--no-worker")
     warning = next(line for line in crowded.output().splitlines() if "PostgreSQL has" in line)
     assert f"{too_many} workers may open up to {too_many * POSTGRES_CONNECTIONS_PER_PROCESS}" \
         in warning

@@ -47,7 +47,7 @@ def test_wrong_tokens_get_401(client: FlaskClient, app: Flask, header: str) -> N
     assert elicitation_count(app) == 0
 
 
-@pytest.mark.parametrize("query", ["access_token=", "token=", "x=gw_"])
+@pytest.mark.parametrize("query", ["access_token=", "token=", "x=gw_", "x=bar&x=gw_"])
 def test_a_token_in_the_query_string_is_refused(
     client: FlaskClient, app: Flask, registered: Registered, query: str,
 ) -> None:

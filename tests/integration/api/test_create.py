@@ -180,6 +180,21 @@ def test_a_body_over_64_kib_is_refused(api: Api, app: Flask) -> None:
     assert count(app, Elicitation) == 0
 
 
+@pytest.mark.parametrize("size", [64 * 1024, 65 * 1024])
+def test_a_chunked_body_meets_the_same_limit(api: Api, app: Flask, size: int) -> None:
+    # Valid JSON at any length, so that a body cut at 64 KiB would still parse.
+    padded = json.dumps(body()).encode().ljust(size, b" ")
+    chunked = {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
+    # gunicorn ends a chunked body's stream itself, and says so.
+    response = api.post("/api/v1/elicitations", data=padded, headers=chunked,
+                        environ_overrides={"wsgi.input_terminated": True})
+    if size > 64 * 1024:
+        assert_problem(response, 413)
+        assert count(app, Elicitation) == 0
+    else:
+        assert response.status_code == 201, response.get_data(as_text=True)
+
+
 def test_unknown_credential_type_is_refused(api: Api, app: Flask) -> None:
     problem = assert_problem(api.post("/api/v1/elicitations", body(credential_type="nope")),
                              422, "nope", "generic")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from typing import Any
 
@@ -115,6 +116,31 @@ def test_list_filters_and_pages_with_a_cursor(api: Api, clock: FixedClock) -> No
 def test_bad_list_parameters_are_named(api: Api, query: str, field: str) -> None:
     problem = assert_problem(api.get(f"/api/v1/elicitations?{query}"), 422)
     assert problem["field"] == field
+
+
+def crafted(raw: str) -> str:
+    """A cursor as the API encodes one, around a position it never returned."""
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize("listing", ["elicitations", "credentials"])
+@pytest.mark.parametrize("raw", [
+    "0001-01-01T00:00:00+14:00|el_x",  # before year 1 once in UTC
+    "2026-01-01T00:00:00+00:00|el_\x00",  # PostgreSQL refuses a NUL
+    "2026-01-01T00:00:00|el_x",  # no time zone
+], ids=["out-of-range", "nul", "naive"])
+def test_a_crafted_cursor_is_refused_by_every_listing(api: Api, listing: str, raw: str) -> None:
+    problem = assert_problem(api.get(f"/api/v1/{listing}?cursor={crafted(raw)}"), 422)
+    assert problem["field"] == "cursor"
+
+
+@pytest.mark.parametrize("listing", ["elicitations", "credentials"])
+def test_an_empty_cursor_asks_for_the_first_page(
+    api: Api, created: dict[str, Any], listing: str,
+) -> None:
+    first = api.get(f"/api/v1/{listing}")
+    assert first.status_code == 200
+    assert api.get(f"/api/v1/{listing}?cursor=").get_json() == first.get_json()
 
 
 @pytest.mark.parametrize("wait", ["61", "-1", "soon", "1.5"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
@@ -46,6 +47,20 @@ def test_foreign_host_on_the_api_gets_a_problem(client: FlaskClient) -> None:
     response = client.get("/api/v1/elicitations", headers={"Host": "evil.example"})
     assert response.status_code == 400
     assert response.mimetype == "application/problem+json"
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz"])
+def test_health_probes_answer_whatever_the_host(app: Flask, path: str) -> None:
+    # A load balancer probes each backend by its address, not the public name.
+    for origin in ("https://10.0.0.5:8443", "http://10.0.0.5"):
+        assert client_for(app, origin).get(path).status_code == 200
+
+
+def test_the_host_is_compared_whatever_its_case(make_settings: Callable[..., Settings]) -> None:
+    app = create_app(make_settings(GATEWAY_ALLOWED_HOSTS="Portal.Example.com"))
+    for origin in ("https://GATEWAY.test", "https://portal.example.COM:8443"):
+        assert client_for(app, origin).get("/").status_code == 200
+    assert client_for(app, "https://GATEWAY.evil").get("/").status_code == 400
 
 
 def test_allowed_hosts_are_accepted_with_any_port(make_settings: Callable[..., Settings]) -> None:
