@@ -20,6 +20,7 @@ import email.utils
 import logging
 import queue
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -54,8 +55,11 @@ JITTER: Final = 0.2
 SEND_TIMEOUT_SECONDS: Final = 15.0
 # Longer than a send can take, so a live worker never loses its claim.
 LEASE: Final = timedelta(seconds=60)
-MAX_RETRY_AFTER: Final = timedelta(hours=10)
+# A receiver may ask for more time, never for more than the schedule's longest
+# wait: an absurd Retry-After must not park an event for ever.
+MAX_RETRY_AFTER: Final = max(SCHEDULE)
 IDLE_WAIT_SECONDS: Final = 1.0
+ERROR_LENGTH: Final = 500  # the columns that keep an attempt's error
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,12 +191,7 @@ class Dispatcher:
 
     def _send_and_report(self, job: _Job, recorder: _Recorder) -> None:
         try:
-            started, result = self._attempt(job)
-            recorder.put((job.claim, started, result))
-        except Exception:
-            log.exception("delivering %s failed unexpectedly; its lease will run out",
-                          job.claim.event_id, extra={"event_id": job.claim.event_id,
-                                                     "attempt": job.claim.attempt})
+            recorder.put((job.claim, *self._attempt(job)))
         finally:
             with self._slots:
                 self._in_flight -= 1
@@ -271,10 +270,20 @@ class Dispatcher:
         return self._send_and_record(job)
 
     def _attempt(self, job: _Job) -> tuple[datetime, Result]:
+        """Send, and say what came of it; never raises, so every attempt is recorded."""
         started = self._clock.now()
         if not job.url:
             return started, Result(False, None, 0, "the client has no webhook URL")
-        return started, self._send(job.url, job.secrets, job.claim.event_id, job.body)
+        begun = time.monotonic()
+        try:
+            return started, self._send(job.url, job.secrets, job.claim.event_id, job.body)
+        except Exception as error:
+            # An attempt that is not recorded is sent again after every lease,
+            # for ever: record it as failed, so the schedule runs its course.
+            log.exception("delivering %s failed unexpectedly", job.claim.event_id,
+                          extra={"event_id": job.claim.event_id, "attempt": job.claim.attempt})
+            return started, Result(False, None, _elapsed(begun),
+                                   f"the attempt failed unexpectedly ({type(error).__name__})")
 
     def _send(self, url: str, secrets: list[str], event_id: str, body: str) -> Result:
         # Signed at send time: each attempt carries a fresh timestamp, so a
@@ -304,7 +313,33 @@ class Dispatcher:
     # --- recording -------------------------------------------------------------------
 
     def _write_outcomes(self, outcomes: Sequence[Outcome]) -> None:
-        """Record attempts in one transaction, each event's only while its claim is ours.
+        """Record attempts, each event's only while its claim is ours.
+
+        An attempt left unrecorded is sent again after every lease, for ever:
+        when the batch fails, each attempt is written alone, and one that still
+        fails is written as a failed attempt that says so.
+        """
+        try:
+            self._write_batch(outcomes)
+        except Exception as error:
+            log.warning("recording %d webhook attempt(s) failed (%s); recording each alone",
+                        len(outcomes), type(error).__name__)
+            for outcome in outcomes:
+                self._write_alone(outcome)
+
+    def _write_alone(self, outcome: Outcome) -> None:
+        claim, started, result = outcome
+        try:
+            self._write_batch([outcome])
+        except Exception as error:
+            reason = f"recording the attempt failed ({type(error).__name__})"
+            log.warning("webhook %s: %s", claim.event_id, reason,
+                        extra={"event_id": claim.event_id, "attempt": claim.attempt})
+            self._write_batch([(claim, started, Result(False, result.status_code,
+                                                       result.latency_ms, reason))])
+
+    def _write_batch(self, outcomes: Sequence[Outcome]) -> None:
+        """Record attempts in one transaction.
 
         Three statements, one per kind of outcome, each run once for all the
         events of its kind (an executemany), and one insert for the log.
@@ -318,12 +353,13 @@ class Dispatcher:
             if result.delivered:
                 delivered.append({**key, "b_now": now})
             elif claim.attempt >= len(SCHEDULE):
-                dead.append({**key, "b_error": result.error})
+                dead.append({**key, "b_error": _error_text(result.error)})
             else:
                 wait = delay_before(claim.attempt + 1, self._rng)
                 if result.retry_after is not None:
                     wait = max(wait, min(result.retry_after, MAX_RETRY_AFTER))
-                retried.append({**key, "b_next": now + wait, "b_error": result.error})
+                retried.append({**key, "b_next": now + wait,
+                                "b_error": _error_text(result.error)})
         taken = 0
         with self._engine.begin() as connection:
             for statement, rows in ((_DELIVERED, delivered), (_RETRIED, retried), (_DEAD, dead)):
@@ -333,7 +369,7 @@ class Dispatcher:
                 {"event_id": claim.event_id, "number": claim.attempt, "started_at": started,
                  "status_code": result.status_code, "latency_ms": result.latency_ms,
                  "outcome": "delivered" if result.delivered else "failed",
-                 "error": (result.error or "")[:500] or None}
+                 "error": _error_text(result.error)}
                 for claim, started, result in outcomes])
         for claim, _started, result in outcomes:
             _log_outcome(claim, result)
@@ -433,16 +469,33 @@ def _describe(error: HTTPError | OSError) -> str:
     return "connection failed"
 
 
+def _error_text(error: str | None) -> str | None:
+    """An error as its columns hold it: a longer one must not fail the whole record."""
+    return (error or "")[:ERROR_LENGTH] or None
+
+
+_SECONDS: Final = re.compile(r"[0-9]+")
+
+
 def _retry_after(value: str | None, now: datetime) -> timedelta | None:
-    """Retry-After as seconds or an HTTP date; None when absent or unreadable."""
-    if not value:
-        return None
-    if value.strip().isdigit():
-        return timedelta(seconds=int(value.strip()))
+    """Retry-After as seconds or an HTTP date, at most MAX_RETRY_AFTER; None when unreadable.
+
+    The receiver writes this header: any text at all must come out as a wait
+    or as None, never as an exception.
+    """
+    value = (value or "").strip()
+    if _SECONDS.fullmatch(value):
+        # Capped before a timedelta is made, whose days twenty digits
+        # overflow, and by length before int(), which refuses thousands.
+        digits = value.lstrip("0") or "0"
+        if len(digits) > len(str(int(MAX_RETRY_AFTER.total_seconds()))) \
+                or int(digits) >= MAX_RETRY_AFTER.total_seconds():
+            return MAX_RETRY_AFTER
+        return timedelta(seconds=int(digits))
     try:
         moment = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
     if moment.tzinfo is None:
         return None
-    return max(moment - now, timedelta(0))
+    return min(max(moment - now, timedelta(0)), MAX_RETRY_AFTER)
