@@ -40,7 +40,8 @@ from gateway.clients.service import current_webhook_secrets
 from gateway.clock import Clock
 from gateway.db import for_reads
 from gateway.outbound import BlockedDestination, GuardedPool, OutboundPolicy, finish
-from gateway.vault.keyring import Keyring
+from gateway.vault.envelope import VaultError
+from gateway.vault.keyring import Keyring, KeyringError
 from gateway.webhooks import signing
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent
 
@@ -59,6 +60,11 @@ LEASE: Final = timedelta(seconds=60)
 # wait: an absurd Retry-After must not park an event for ever.
 MAX_RETRY_AFTER: Final = max(SCHEDULE)
 IDLE_WAIT_SECONDS: Final = 1.0
+# Why an attempt failed when the client's signing secret does not open (a
+# database restored beside another keyring, a damaged row): the operator's
+# fix, and nothing of the secret.
+CANNOT_SIGN: Final = ("the webhook signing secret cannot be opened: restore the keyring it "
+                      "was sealed with")
 ERROR_LENGTH: Final = 500  # the columns that keep an attempt's error
 
 
@@ -94,7 +100,7 @@ class _Job:
     claim: Claim
     body: str
     url: str | None
-    secrets: list[str]
+    secrets: list[str] | None  # None: the client's secret does not open
 
 
 Outcome = tuple[Claim, datetime, Result]
@@ -249,8 +255,7 @@ class Dispatcher:
                 return []
             clients = {client.id: client for client in session.scalars(
                 select(Client).where(Client.id.in_({row.client_id for row in rows})))}
-            secrets = {client_id: current_webhook_secrets(session, self._clock, self._keyring,
-                                                          client)
+            secrets = {client_id: self._secrets_of(session, client)
                        for client_id, client in clients.items()}
         return [_Job(Claim(row.id, row.attempts), row.body,
                      clients[row.client_id].webhook_url, secrets[row.client_id])
@@ -265,15 +270,29 @@ class Dispatcher:
             assert event is not None
             client = session.get(Client, event.client_id)
             assert client is not None
-            job = _Job(claim, event.body, client.webhook_url,
-                       current_webhook_secrets(session, self._clock, self._keyring, client))
+            job = _Job(claim, event.body, client.webhook_url, self._secrets_of(session, client))
         return self._send_and_record(job)
+
+    def _secrets_of(self, session: Session, client: Client) -> list[str] | None:
+        """The client's signing secrets; None when they do not open.
+
+        One client's damaged secret must cost only that client's events: the
+        claim that read it still commits, and everyone else's are sent.
+        """
+        try:
+            return current_webhook_secrets(session, self._clock, self._keyring, client)
+        except (VaultError, KeyringError) as error:
+            log.warning("client %s: %s (%s)", client.id, CANNOT_SIGN, type(error).__name__,
+                        extra={"client_id": client.id})
+            return None
 
     def _attempt(self, job: _Job) -> tuple[datetime, Result]:
         """Send, and say what came of it; never raises, so every attempt is recorded."""
         started = self._clock.now()
         if not job.url:
             return started, Result(False, None, 0, "the client has no webhook URL")
+        if job.secrets is None:
+            return started, Result(False, None, 0, CANNOT_SIGN)
         begun = time.monotonic()
         try:
             return started, self._send(job.url, job.secrets, job.claim.event_id, job.body)
