@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import click
@@ -22,6 +23,7 @@ from gateway.pagination import timestamp
 from gateway.settings import Settings
 from gateway.vault.envelope import VaultError, reveal_plaintext
 from gateway.vault.keyring import Keyring, KeyringError, load_keyring
+from gateway.webhooks import service as webhooks
 from gateway.webhooks.dispatcher import CANNOT_SIGN
 from gateway.webhooks.models import WebhookEvent
 
@@ -37,7 +39,7 @@ def collect() -> dict[str, Any]:
         report["database"].update(reachable=True, revision=sorted(current),
                                   current=current == migrations.head_revisions())
         if report["database"]["current"]:
-            report.update(_figures(engine))
+            report.update(_figures(engine, timedelta(seconds=settings.webhook_lease_seconds)))
     except SQLAlchemyError as error:
         report["database"]["error"] = type(error).__name__
     finally:
@@ -108,7 +110,7 @@ def _opens_one(session: Session, keyring: Keyring, version: int) -> bool:
     return True
 
 
-def _figures(engine: Any) -> dict[str, Any]:
+def _figures(engine: Any, lease: timedelta) -> dict[str, Any]:
     with for_reads(engine).connect() as connection:
         states = dict.fromkeys((s.value for s in Status), 0)
         states.update(_counts(connection, Elicitation.status))
@@ -118,6 +120,8 @@ def _figures(engine: Any) -> dict[str, Any]:
         cannot_sign = connection.scalar(select(func.count()).where(
             WebhookEvent.status.in_(["pending", "delivering", "dead"]),
             WebhookEvent.last_error == CANNOT_SIGN))
+        stalled = webhooks.stalled(connection, SystemClock().now(), lease)
+        last_poll = webhooks.last_poll(connection)
         in_use: dict[str, int] = {}
         for model in (Credential, WebhookSecret):
             for version, count in connection.execute(
@@ -128,7 +132,8 @@ def _figures(engine: Any) -> dict[str, Any]:
         "webhooks": {"backlog": outbox.get("pending", 0) + outbox.get("delivering", 0),
                      "oldest_due": timestamp(oldest), "dead": outbox.get("dead", 0),
                      "delivered": outbox.get("delivered", 0),
-                     "failing_unsigned": cannot_sign},
+                     "failing_unsigned": cannot_sign, "worker_last_poll": timestamp(last_poll),
+                     "stalled": stalled},
         "keys": {"in_use": in_use},
     }
 
@@ -149,7 +154,7 @@ def status(as_json: bool) -> None:
         _print(report)
     hooks = report.get("webhooks", {})
     healthy = (report["database"].get("current") and "error" not in report.get("keys", {})
-               and not hooks.get("unsigned_clients"))
+               and not hooks.get("stalled") and not hooks.get("unsigned_clients"))
     if not healthy:
         raise SystemExit(1)
 
@@ -180,6 +185,9 @@ def _print(report: dict[str, Any]) -> None:
         _line("webhooks", f"backlog {hooks['backlog']} (oldest due {hooks['oldest_due'] or '-'})"
               f", dead {hooks['dead']}, delivered {hooks['delivered']}",
               "red" if hooks["dead"] else "yellow" if hooks["backlog"] else "green")
+        _line("worker", hooks["stalled"] or f"last looked for due webhooks at "
+              f"{hooks['worker_last_poll'] or '- (none running)'}",
+              "red" if hooks["stalled"] else "green")
         if hooks.get("unsigned_clients"):
             _line("signing", f"{CANNOT_SIGN}; clients {', '.join(hooks['unsigned_clients'])}, "
                   f"{hooks['failing_unsigned']} event(s) failing", "red")

@@ -18,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import logging
+import os
 import queue
 import random
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +31,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
-from sqlalchemy import Engine, Row, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import Engine, Row, and_, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from urllib3.exceptions import HTTPError, NewConnectionError
 from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
@@ -40,10 +43,11 @@ from gateway.clients.service import current_webhook_secrets
 from gateway.clock import Clock
 from gateway.db import for_reads
 from gateway.outbound import BlockedDestination, GuardedPool, OutboundPolicy, finish
+from gateway.tokens import new_id
 from gateway.vault.envelope import VaultError
 from gateway.vault.keyring import Keyring, KeyringError
 from gateway.webhooks import signing
-from gateway.webhooks.models import WebhookAttempt, WebhookEvent
+from gateway.webhooks.models import WebhookAttempt, WebhookEvent, WorkerHeartbeat
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,9 @@ IDLE_WAIT_SECONDS: Final = 1.0
 CANNOT_SIGN: Final = ("the webhook signing secret cannot be opened: restore the keyring it "
                       "was sealed with")
 ERROR_LENGTH: Final = 500  # the columns that keep an attempt's error
+# Heartbeats older than this belong to workers long gone (killed, or hosts
+# retired): whoever writes one deletes them.
+HEARTBEAT_KEPT: Final = timedelta(days=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +126,8 @@ class Dispatcher:
 
     def __init__(self, engine: Engine, clock: Clock, keyring: Keyring, policy: OutboundPolicy,
                  *, concurrency: int = 8, rng: random.Random | None = None,
-                 send_timeout: float = SEND_TIMEOUT_SECONDS, lease: timedelta = LEASE) -> None:
+                 send_timeout: float = SEND_TIMEOUT_SECONDS, lease: timedelta = LEASE,
+                 worker_id: str | None = None) -> None:
         # A claimed event may wait one send for a free thread, then take one
         # send: both must fit in the lease with room to spare.
         if not 0 < send_timeout < lease.total_seconds() / 3:
@@ -133,6 +141,8 @@ class Dispatcher:
         self._send_timeout = send_timeout
         self._lease = lease
         self._rng = rng or random.Random()  # noqa: S311  (jitter, not secrecy)
+        self.worker_id = worker_id or f"{socket.gethostname()[:60]}:{os.getpid()}:{new_id('', 6)}"
+        self._beaten_at: datetime | None = None
         self._in_flight = 0  # claimed by run() and not yet sent
         self._slots = threading.Condition()
         # One pool of kept-alive connections for every sending thread.
@@ -166,6 +176,7 @@ class Dispatcher:
                 listener.close()
             recorder.close()
             self._http.clear()
+            self._forget_heartbeat()
 
     def _step(self, pool: ThreadPoolExecutor, recorder: _Recorder, listener: changes.Listener,
               stop: threading.Event) -> None:
@@ -178,6 +189,7 @@ class Dispatcher:
             self._in_flight += len(jobs)
         for job in jobs:
             pool.submit(self._send_and_report, job, recorder)
+        self._beat()
         if not jobs:
             listener.wait(self._idle_wait())
 
@@ -186,6 +198,7 @@ class Dispatcher:
         jobs = self._claim_jobs(self._concurrency)
         with ThreadPoolExecutor(max(1, len(jobs))) as pool:
             list(pool.map(self._send_and_record, jobs))
+        self._beat()
         return len(jobs)
 
     def _room(self, stop: threading.Event) -> int:
@@ -207,6 +220,44 @@ class Dispatcher:
         started, result = self._attempt(job)
         self._write_outcomes([(job.claim, started, result)])
         return result
+
+    # --- the heartbeat -----------------------------------------------------------------
+
+    def _beat(self) -> None:
+        """Note that this worker has just looked for due work, a few times per lease.
+
+        ``/readyz`` and ``gateway status`` read it: events overdue by more
+        than a lease while no worker has looked are a worker that died or
+        hangs, not a busy one.
+        """
+        now = self._clock.now()
+        if self._beaten_at is not None and now - self._beaten_at < self._lease / 3:
+            return
+        try:
+            with self._engine.begin() as connection:
+                found = connection.execute(update(WorkerHeartbeat).where(
+                    WorkerHeartbeat.id == self.worker_id).values(polled_at=now)).rowcount
+                if not found:
+                    connection.execute(delete(WorkerHeartbeat).where(
+                        WorkerHeartbeat.polled_at < now - HEARTBEAT_KEPT))
+                    connection.execute(insert(WorkerHeartbeat).values(
+                        id=self.worker_id, started_at=now, polled_at=now))
+        except SQLAlchemyError as error:
+            # Sending matters more than saying so; the next beat tries again.
+            log.warning("could not record this worker's heartbeat (%s)", type(error).__name__)
+            return
+        self._beaten_at = now
+
+    def _forget_heartbeat(self) -> None:
+        """A worker that stops says so, rather than look alive for another lease."""
+        if self._beaten_at is None:
+            return
+        try:
+            with self._engine.begin() as connection:
+                connection.execute(delete(WorkerHeartbeat).where(
+                    WorkerHeartbeat.id == self.worker_id))
+        except SQLAlchemyError as error:
+            log.warning("could not remove this worker's heartbeat (%s)", type(error).__name__)
 
     def _idle_wait(self) -> float:
         with self._sessions() as session:
