@@ -86,8 +86,9 @@ def test_a_worker_that_dies_is_started_again_and_one_that_is_stopped_is_not(
     assert len(spawner.started) == 3
     assert all(worker.command == ["gateway", "worker"] for worker in spawner.started)
     restarts = [r.getMessage() for r in caplog.records if "stopped after" in r.getMessage()]
-    assert restarts == [f"the worker (pid {first.pid}) stopped after 0 s; starting another in 0 s",
-                        f"the worker (pid {second.pid}) stopped after 0 s; starting another in 0 s"]
+    assert [line.split(" stopped after ")[0] for line in restarts] == [
+        f"the worker (pid {first.pid})", f"the worker (pid {second.pid})"]
+    assert all(line.endswith("; starting another in 0 s") for line in restarts)
     assert sum("started the worker" in r.getMessage() for r in caplog.records) == 3
 
 
