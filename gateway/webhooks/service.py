@@ -19,8 +19,10 @@ from gateway.errors import Conflict, InvalidInput, NotFound
 from gateway.outbound import BlockedDestination, OutboundPolicy, guarded_session
 from gateway.pagination import timestamp
 from gateway.tokens import new_id
-from gateway.vault.keyring import Keyring
+from gateway.vault.envelope import VaultError
+from gateway.vault.keyring import Keyring, KeyringError
 from gateway.webhooks import signing
+from gateway.webhooks.dispatcher import CANNOT_SIGN
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent, WorkerHeartbeat
 
 STATUSES = ("pending", "delivering", "delivered", "dead")
@@ -117,7 +119,10 @@ def send_ping(session: Session, clock: Clock, keyring: Keyring, policy: Outbound
     message_id = new_id("msg_", 18)
     body = json.dumps({"type": "ping", "timestamp": timestamp(clock.now()),
                        "data": {"client_id": client.id}}, separators=(",", ":"))
-    secrets = current_webhook_secrets(session, clock, keyring, client)
+    try:
+        secrets = current_webhook_secrets(session, clock, keyring, client)
+    except (VaultError, KeyringError):
+        raise Conflict(f"client {client.id}: {CANNOT_SIGN}") from None
     headers = signing.headers(secrets, message_id, int(clock.now().timestamp()), body)
     headers["Content-Type"] = "application/json"
     begun = time.monotonic()

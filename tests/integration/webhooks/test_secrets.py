@@ -86,3 +86,12 @@ def test_status_names_the_client_whose_secret_does_not_open(
     assert f"{CANNOT_SIGN}; clients {broken.id}, 1 event(s) failing" in text.stdout
     for tale in tell_tales(hooked.webhook_secret):
         assert tale not in result.stdout + text.stdout
+
+
+def test_a_test_ping_says_the_secret_does_not_open(
+    broken: Registered, receiver: Receiver, invoke_gateway: Callable[..., Result],
+) -> None:
+    result = invoke_gateway("webhooks", "test", broken.id)
+    assert result.code == 1
+    assert f"client {broken.id}: {CANNOT_SIGN}" in result.stderr
+    assert receiver.deliveries == []
