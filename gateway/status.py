@@ -53,6 +53,7 @@ def collect() -> dict[str, Any]:
     else:
         if report["database"].get("current"):
             _check_keyring_opens(settings, keyring, report["keys"])
+        if "webhooks" in report:
             report["webhooks"]["unsigned_clients"] = _clients_that_cannot_sign(settings,
                                                                                keyring)
     return report
