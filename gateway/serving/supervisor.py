@@ -108,4 +108,10 @@ class Supervisor:
 
 def _popen(command: Sequence[str]) -> subprocess.Popen[bytes]:
     # Its output is the server's: the worker logs to the same stderr.
-    return subprocess.Popen(list(command))
+    # close_fds=False lets subprocess use posix_spawn rather than fork and
+    # exec with a pipe to hear of a failed exec: gunicorn forks its workers
+    # from this process at any moment, a worker forked meanwhile keeps that
+    # pipe open, and Popen would wait on it for ever. Nothing is inherited
+    # but what is marked inheritable, and the master holds no listening
+    # socket (each worker opens its own, see gunicorn_config).
+    return subprocess.Popen(list(command), close_fds=False)
