@@ -6,8 +6,8 @@ from gateway.credentials.models import Credential
 from gateway.elicitations.models import Elicitation, IdempotencyRecord
 from gateway.identity.models import BrowserSession, User
 from gateway.payments.models import Payment, StripeEvent
-from gateway.webhooks.models import WebhookAttempt, WebhookEvent
+from gateway.webhooks.models import WebhookAttempt, WebhookEvent, WorkerHeartbeat
 
 __all__ = ["ApiToken", "AuditEvent", "BrowserSession", "Client", "Credential", "Elicitation",
            "IdempotencyRecord", "Payment", "StripeEvent", "User", "WebhookAttempt",
-           "WebhookEvent", "WebhookSecret"]
+           "WebhookEvent", "WebhookSecret", "WorkerHeartbeat"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import click
@@ -10,16 +11,20 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from gateway import cli, migrations
-from gateway.clients.models import WebhookSecret
-from gateway.clients.service import webhook_secret_binding
+from gateway.clients.models import Client, WebhookSecret
+from gateway.clients.service import current_webhook_secrets, webhook_secret_binding
+from gateway.clock import SystemClock
 from gateway.credentials.models import Credential
 from gateway.credentials.service import binding as credential_binding
 from gateway.db import for_reads, make_engine
 from gateway.elicitations.lifecycle import Status
 from gateway.elicitations.models import Elicitation
 from gateway.pagination import timestamp
+from gateway.settings import Settings
 from gateway.vault.envelope import VaultError, reveal_plaintext
 from gateway.vault.keyring import Keyring, KeyringError, load_keyring
+from gateway.webhooks import service as webhooks
+from gateway.webhooks.dispatcher import CANNOT_SIGN
 from gateway.webhooks.models import WebhookEvent
 
 
@@ -34,7 +39,7 @@ def collect() -> dict[str, Any]:
         report["database"].update(reachable=True, revision=sorted(current),
                                   current=current == migrations.head_revisions())
         if report["database"]["current"]:
-            report.update(_figures(engine))
+            report.update(_figures(engine, timedelta(seconds=settings.webhook_lease_seconds)))
     except SQLAlchemyError as error:
         report["database"]["error"] = type(error).__name__
     finally:
@@ -48,7 +53,27 @@ def collect() -> dict[str, Any]:
     else:
         if report["database"].get("current"):
             _check_keyring_opens(settings, keyring, report["keys"])
+        if "webhooks" in report:
+            report["webhooks"]["unsigned_clients"] = _clients_that_cannot_sign(settings,
+                                                                               keyring)
     return report
+
+
+def _clients_that_cannot_sign(settings: Settings, keyring: Keyring) -> list[str]:
+    """The clients with a webhook URL whose signing secrets do not open; nothing is kept."""
+    engine = make_engine(settings.database_url)
+    failed: list[str] = []
+    try:
+        with Session(for_reads(engine)) as session:
+            for client in session.scalars(select(Client).where(Client.webhook_url.is_not(None))
+                                          .order_by(Client.created_at, Client.id)):
+                try:
+                    current_webhook_secrets(session, SystemClock(), keyring, client)
+                except (VaultError, KeyringError):
+                    failed.append(client.id)
+    finally:
+        engine.dispose()
+    return failed
 
 
 def _check_keyring_opens(settings: Any, keyring: Keyring, keys: dict[str, Any]) -> None:
@@ -86,13 +111,18 @@ def _opens_one(session: Session, keyring: Keyring, version: int) -> bool:
     return True
 
 
-def _figures(engine: Any) -> dict[str, Any]:
+def _figures(engine: Any, lease: timedelta) -> dict[str, Any]:
     with for_reads(engine).connect() as connection:
         states = dict.fromkeys((s.value for s in Status), 0)
         states.update(_counts(connection, Elicitation.status))
         outbox = _counts(connection, WebhookEvent.status)
         oldest = connection.scalar(select(func.min(WebhookEvent.next_attempt_at)).where(
             WebhookEvent.status.in_(["pending", "delivering"])))
+        cannot_sign = connection.scalar(select(func.count()).where(
+            WebhookEvent.status.in_(["pending", "delivering", "dead"]),
+            WebhookEvent.last_error == CANNOT_SIGN))
+        stalled = webhooks.stalled(connection, SystemClock().now(), lease)
+        last_poll = webhooks.last_poll(connection)
         in_use: dict[str, int] = {}
         for model in (Credential, WebhookSecret):
             for version, count in connection.execute(
@@ -102,7 +132,9 @@ def _figures(engine: Any) -> dict[str, Any]:
         "elicitations": states,
         "webhooks": {"backlog": outbox.get("pending", 0) + outbox.get("delivering", 0),
                      "oldest_due": timestamp(oldest), "dead": outbox.get("dead", 0),
-                     "delivered": outbox.get("delivered", 0)},
+                     "delivered": outbox.get("delivered", 0),
+                     "failing_unsigned": cannot_sign, "worker_last_poll": timestamp(last_poll),
+                     "stalled": stalled},
         "keys": {"in_use": in_use},
     }
 
@@ -121,7 +153,9 @@ def status(as_json: bool) -> None:
         cli.echo_json(report)
     else:
         _print(report)
-    healthy = report["database"].get("current") and "error" not in report.get("keys", {})
+    hooks = report.get("webhooks", {})
+    healthy = (report["database"].get("current") and "error" not in report.get("keys", {})
+               and not hooks.get("stalled") and not hooks.get("unsigned_clients"))
     if not healthy:
         raise SystemExit(1)
 
@@ -152,5 +186,11 @@ def _print(report: dict[str, Any]) -> None:
         _line("webhooks", f"backlog {hooks['backlog']} (oldest due {hooks['oldest_due'] or '-'})"
               f", dead {hooks['dead']}, delivered {hooks['delivered']}",
               "red" if hooks["dead"] else "yellow" if hooks["backlog"] else "green")
+        _line("worker", hooks["stalled"] or f"last looked for due webhooks at "
+              f"{hooks['worker_last_poll'] or '- (none running)'}",
+              "red" if hooks["stalled"] else "green")
+        if hooks.get("unsigned_clients"):
+            _line("signing", f"{CANNOT_SIGN}; clients {', '.join(hooks['unsigned_clients'])}, "
+                  f"{hooks['failing_unsigned']} event(s) failing", "red")
         counts = ", ".join(f"{s} {n}" for s, n in report["elicitations"].items())
         _line("elicitations", counts)

@@ -8,7 +8,6 @@ can run side by side.
 from __future__ import annotations
 
 import logging
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from gunicorn.app.base import BaseApplication
 from gateway.metrics import counters
 from gateway.serving import affinity
 from gateway.serving.access_log import GatewayLogger
+from gateway.serving.supervisor import Supervisor
 from gateway.settings import Settings
 
 # The access log shows the path without its query string: a client that puts
@@ -89,22 +89,21 @@ def gunicorn_config(settings: Settings, options: Options) -> dict[str, Any]:
     return config
 
 
-_worker: list[subprocess.Popen[bytes]] = []
+_supervisors: list[Supervisor] = []
 
 
 def _start_worker(arbiter: Any) -> None:
     # One `gateway worker` per server, in its own process: webhooks and the
-    # sweeper keep running whatever the request workers do.
-    _worker.append(subprocess.Popen([sys.executable, "-m", "gateway", "worker"]))
+    # sweeper keep running whatever the request workers do, and a worker
+    # that dies is started again.
+    supervisor = Supervisor([sys.executable, "-m", "gateway", "worker"])
+    _supervisors.append(supervisor)
+    supervisor.start()
 
 
 def _stop_worker(arbiter: Any) -> None:
-    for process in _worker:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    for supervisor in _supervisors:
+        supervisor.stop()
 
 
 def wait_slots(threads: int) -> int:

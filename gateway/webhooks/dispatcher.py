@@ -18,8 +18,11 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import logging
+import os
 import queue
 import random
+import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,7 +31,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
-from sqlalchemy import Engine, Row, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import Engine, Row, and_, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from urllib3.exceptions import HTTPError, NewConnectionError
 from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
@@ -39,9 +43,11 @@ from gateway.clients.service import current_webhook_secrets
 from gateway.clock import Clock
 from gateway.db import for_reads
 from gateway.outbound import BlockedDestination, GuardedPool, OutboundPolicy, finish
-from gateway.vault.keyring import Keyring
+from gateway.tokens import new_id
+from gateway.vault.envelope import VaultError
+from gateway.vault.keyring import Keyring, KeyringError
 from gateway.webhooks import signing
-from gateway.webhooks.models import WebhookAttempt, WebhookEvent
+from gateway.webhooks.models import WebhookAttempt, WebhookEvent, WorkerHeartbeat
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +60,19 @@ JITTER: Final = 0.2
 SEND_TIMEOUT_SECONDS: Final = 15.0
 # Longer than a send can take, so a live worker never loses its claim.
 LEASE: Final = timedelta(seconds=60)
-MAX_RETRY_AFTER: Final = timedelta(hours=10)
+# A receiver may ask for more time, never for more than the schedule's longest
+# wait: an absurd Retry-After must not park an event for ever.
+MAX_RETRY_AFTER: Final = max(SCHEDULE)
 IDLE_WAIT_SECONDS: Final = 1.0
+# Why an attempt failed when the client's signing secret does not open (a
+# database restored beside another keyring, a damaged row): the operator's
+# fix, and nothing of the secret.
+CANNOT_SIGN: Final = ("the webhook signing secret cannot be opened: restore the keyring it "
+                      "was sealed with")
+ERROR_LENGTH: Final = 500  # the columns that keep an attempt's error
+# Heartbeats older than this belong to workers long gone (killed, or hosts
+# retired): whoever writes one deletes them.
+HEARTBEAT_KEPT: Final = timedelta(days=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +107,7 @@ class _Job:
     claim: Claim
     body: str
     url: str | None
-    secrets: list[str]
+    secrets: list[str] | None  # None: the client's secret does not open
 
 
 Outcome = tuple[Claim, datetime, Result]
@@ -109,7 +126,8 @@ class Dispatcher:
 
     def __init__(self, engine: Engine, clock: Clock, keyring: Keyring, policy: OutboundPolicy,
                  *, concurrency: int = 8, rng: random.Random | None = None,
-                 send_timeout: float = SEND_TIMEOUT_SECONDS, lease: timedelta = LEASE) -> None:
+                 send_timeout: float = SEND_TIMEOUT_SECONDS, lease: timedelta = LEASE,
+                 worker_id: str | None = None) -> None:
         # A claimed event may wait one send for a free thread, then take one
         # send: both must fit in the lease with room to spare.
         if not 0 < send_timeout < lease.total_seconds() / 3:
@@ -123,6 +141,8 @@ class Dispatcher:
         self._send_timeout = send_timeout
         self._lease = lease
         self._rng = rng or random.Random()  # noqa: S311  (jitter, not secrecy)
+        self.worker_id = worker_id or f"{socket.gethostname()[:60]}:{os.getpid()}:{new_id('', 6)}"
+        self._beaten_at: datetime | None = None
         self._in_flight = 0  # claimed by run() and not yet sent
         self._slots = threading.Condition()
         # One pool of kept-alive connections for every sending thread.
@@ -156,6 +176,7 @@ class Dispatcher:
                 listener.close()
             recorder.close()
             self._http.clear()
+            self._forget_heartbeat()
 
     def _step(self, pool: ThreadPoolExecutor, recorder: _Recorder, listener: changes.Listener,
               stop: threading.Event) -> None:
@@ -168,6 +189,7 @@ class Dispatcher:
             self._in_flight += len(jobs)
         for job in jobs:
             pool.submit(self._send_and_report, job, recorder)
+        self._beat()
         if not jobs:
             listener.wait(self._idle_wait())
 
@@ -176,6 +198,7 @@ class Dispatcher:
         jobs = self._claim_jobs(self._concurrency)
         with ThreadPoolExecutor(max(1, len(jobs))) as pool:
             list(pool.map(self._send_and_record, jobs))
+        self._beat()
         return len(jobs)
 
     def _room(self, stop: threading.Event) -> int:
@@ -187,12 +210,7 @@ class Dispatcher:
 
     def _send_and_report(self, job: _Job, recorder: _Recorder) -> None:
         try:
-            started, result = self._attempt(job)
-            recorder.put((job.claim, started, result))
-        except Exception:
-            log.exception("delivering %s failed unexpectedly; its lease will run out",
-                          job.claim.event_id, extra={"event_id": job.claim.event_id,
-                                                     "attempt": job.claim.attempt})
+            recorder.put((job.claim, *self._attempt(job)))
         finally:
             with self._slots:
                 self._in_flight -= 1
@@ -202,6 +220,44 @@ class Dispatcher:
         started, result = self._attempt(job)
         self._write_outcomes([(job.claim, started, result)])
         return result
+
+    # --- the heartbeat -----------------------------------------------------------------
+
+    def _beat(self) -> None:
+        """Note that this worker has just looked for due work, a few times per lease.
+
+        ``/readyz`` and ``gateway status`` read it: events overdue by more
+        than a lease while no worker has looked are a worker that died or
+        hangs, not a busy one.
+        """
+        now = self._clock.now()
+        if self._beaten_at is not None and now - self._beaten_at < self._lease / 3:
+            return
+        try:
+            with self._engine.begin() as connection:
+                found = connection.execute(update(WorkerHeartbeat).where(
+                    WorkerHeartbeat.id == self.worker_id).values(polled_at=now)).rowcount
+                if not found:
+                    connection.execute(delete(WorkerHeartbeat).where(
+                        WorkerHeartbeat.polled_at < now - HEARTBEAT_KEPT))
+                    connection.execute(insert(WorkerHeartbeat).values(
+                        id=self.worker_id, started_at=now, polled_at=now))
+        except SQLAlchemyError as error:
+            # Sending matters more than saying so; the next beat tries again.
+            log.warning("could not record this worker's heartbeat (%s)", type(error).__name__)
+            return
+        self._beaten_at = now
+
+    def _forget_heartbeat(self) -> None:
+        """A worker that stops says so, rather than look alive for another lease."""
+        if self._beaten_at is None:
+            return
+        try:
+            with self._engine.begin() as connection:
+                connection.execute(delete(WorkerHeartbeat).where(
+                    WorkerHeartbeat.id == self.worker_id))
+        except SQLAlchemyError as error:
+            log.warning("could not remove this worker's heartbeat (%s)", type(error).__name__)
 
     def _idle_wait(self) -> float:
         with self._sessions() as session:
@@ -250,8 +306,7 @@ class Dispatcher:
                 return []
             clients = {client.id: client for client in session.scalars(
                 select(Client).where(Client.id.in_({row.client_id for row in rows})))}
-            secrets = {client_id: current_webhook_secrets(session, self._clock, self._keyring,
-                                                          client)
+            secrets = {client_id: self._secrets_of(session, client)
                        for client_id, client in clients.items()}
         return [_Job(Claim(row.id, row.attempts), row.body,
                      clients[row.client_id].webhook_url, secrets[row.client_id])
@@ -266,15 +321,39 @@ class Dispatcher:
             assert event is not None
             client = session.get(Client, event.client_id)
             assert client is not None
-            job = _Job(claim, event.body, client.webhook_url,
-                       current_webhook_secrets(session, self._clock, self._keyring, client))
+            job = _Job(claim, event.body, client.webhook_url, self._secrets_of(session, client))
         return self._send_and_record(job)
 
+    def _secrets_of(self, session: Session, client: Client) -> list[str] | None:
+        """The client's signing secrets; None when they do not open.
+
+        One client's damaged secret must cost only that client's events: the
+        claim that read it still commits, and everyone else's are sent.
+        """
+        try:
+            return current_webhook_secrets(session, self._clock, self._keyring, client)
+        except (VaultError, KeyringError) as error:
+            log.warning("client %s: %s (%s)", client.id, CANNOT_SIGN, type(error).__name__,
+                        extra={"client_id": client.id})
+            return None
+
     def _attempt(self, job: _Job) -> tuple[datetime, Result]:
+        """Send, and say what came of it; never raises, so every attempt is recorded."""
         started = self._clock.now()
         if not job.url:
             return started, Result(False, None, 0, "the client has no webhook URL")
-        return started, self._send(job.url, job.secrets, job.claim.event_id, job.body)
+        if job.secrets is None:
+            return started, Result(False, None, 0, CANNOT_SIGN)
+        begun = time.monotonic()
+        try:
+            return started, self._send(job.url, job.secrets, job.claim.event_id, job.body)
+        except Exception as error:
+            # An attempt that is not recorded is sent again after every lease,
+            # for ever: record it as failed, so the schedule runs its course.
+            log.exception("delivering %s failed unexpectedly", job.claim.event_id,
+                          extra={"event_id": job.claim.event_id, "attempt": job.claim.attempt})
+            return started, Result(False, None, _elapsed(begun),
+                                   f"the attempt failed unexpectedly ({type(error).__name__})")
 
     def _send(self, url: str, secrets: list[str], event_id: str, body: str) -> Result:
         # Signed at send time: each attempt carries a fresh timestamp, so a
@@ -304,7 +383,33 @@ class Dispatcher:
     # --- recording -------------------------------------------------------------------
 
     def _write_outcomes(self, outcomes: Sequence[Outcome]) -> None:
-        """Record attempts in one transaction, each event's only while its claim is ours.
+        """Record attempts, each event's only while its claim is ours.
+
+        An attempt left unrecorded is sent again after every lease, for ever:
+        when the batch fails, each attempt is written alone, and one that still
+        fails is written as a failed attempt that says so.
+        """
+        try:
+            self._write_batch(outcomes)
+        except Exception as error:
+            log.warning("recording %d webhook attempt(s) failed (%s); recording each alone",
+                        len(outcomes), type(error).__name__)
+            for outcome in outcomes:
+                self._write_alone(outcome)
+
+    def _write_alone(self, outcome: Outcome) -> None:
+        claim, started, result = outcome
+        try:
+            self._write_batch([outcome])
+        except Exception as error:
+            reason = f"recording the attempt failed ({type(error).__name__})"
+            log.warning("webhook %s: %s", claim.event_id, reason,
+                        extra={"event_id": claim.event_id, "attempt": claim.attempt})
+            self._write_batch([(claim, started, Result(False, result.status_code,
+                                                       result.latency_ms, reason))])
+
+    def _write_batch(self, outcomes: Sequence[Outcome]) -> None:
+        """Record attempts in one transaction.
 
         Three statements, one per kind of outcome, each run once for all the
         events of its kind (an executemany), and one insert for the log.
@@ -318,12 +423,13 @@ class Dispatcher:
             if result.delivered:
                 delivered.append({**key, "b_now": now})
             elif claim.attempt >= len(SCHEDULE):
-                dead.append({**key, "b_error": result.error})
+                dead.append({**key, "b_error": _error_text(result.error)})
             else:
                 wait = delay_before(claim.attempt + 1, self._rng)
                 if result.retry_after is not None:
                     wait = max(wait, min(result.retry_after, MAX_RETRY_AFTER))
-                retried.append({**key, "b_next": now + wait, "b_error": result.error})
+                retried.append({**key, "b_next": now + wait,
+                                "b_error": _error_text(result.error)})
         taken = 0
         with self._engine.begin() as connection:
             for statement, rows in ((_DELIVERED, delivered), (_RETRIED, retried), (_DEAD, dead)):
@@ -333,7 +439,7 @@ class Dispatcher:
                 {"event_id": claim.event_id, "number": claim.attempt, "started_at": started,
                  "status_code": result.status_code, "latency_ms": result.latency_ms,
                  "outcome": "delivered" if result.delivered else "failed",
-                 "error": (result.error or "")[:500] or None}
+                 "error": _error_text(result.error)}
                 for claim, started, result in outcomes])
         for claim, _started, result in outcomes:
             _log_outcome(claim, result)
@@ -433,16 +539,33 @@ def _describe(error: HTTPError | OSError) -> str:
     return "connection failed"
 
 
+def _error_text(error: str | None) -> str | None:
+    """An error as its columns hold it: a longer one must not fail the whole record."""
+    return (error or "")[:ERROR_LENGTH] or None
+
+
+_SECONDS: Final = re.compile(r"[0-9]+")
+
+
 def _retry_after(value: str | None, now: datetime) -> timedelta | None:
-    """Retry-After as seconds or an HTTP date; None when absent or unreadable."""
-    if not value:
-        return None
-    if value.strip().isdigit():
-        return timedelta(seconds=int(value.strip()))
+    """Retry-After as seconds or an HTTP date, at most MAX_RETRY_AFTER; None when unreadable.
+
+    The receiver writes this header: any text at all must come out as a wait
+    or as None, never as an exception.
+    """
+    value = (value or "").strip()
+    if _SECONDS.fullmatch(value):
+        # Capped before a timedelta is made, whose days twenty digits
+        # overflow, and by length before int(), which refuses thousands.
+        digits = value.lstrip("0") or "0"
+        if len(digits) > len(str(int(MAX_RETRY_AFTER.total_seconds()))) \
+                or int(digits) >= MAX_RETRY_AFTER.total_seconds():
+            return MAX_RETRY_AFTER
+        return timedelta(seconds=int(digits))
     try:
         moment = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
     if moment.tzinfo is None:
         return None
-    return max(moment - now, timedelta(0))
+    return min(max(moment - now, timedelta(0)), MAX_RETRY_AFTER)

@@ -50,3 +50,18 @@ class WebhookAttempt(Base):
     latency_ms: Mapped[int] = mapped_column(Integer)
     outcome: Mapped[str] = mapped_column(String(20))  # delivered | failed
     error: Mapped[str | None] = mapped_column(String(500))
+
+
+class WorkerHeartbeat(Base):
+    """When a running dispatcher last looked for due events.
+
+    One row per worker process, written a few times per lease and deleted
+    when the worker stops; a killed worker's row simply ages.
+    """
+
+    __tablename__ = "worker_heartbeats"
+
+    # host:pid:random, so a reused pid or a host's twin never shares a row.
+    id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    polled_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)

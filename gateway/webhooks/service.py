@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime, timedelta
 from typing import Any
 
 import requests
-from sqlalchemy import select
+from sqlalchemy import Connection, and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from gateway.audit import service as audit
@@ -18,9 +19,11 @@ from gateway.errors import Conflict, InvalidInput, NotFound
 from gateway.outbound import BlockedDestination, OutboundPolicy, guarded_session
 from gateway.pagination import timestamp
 from gateway.tokens import new_id
-from gateway.vault.keyring import Keyring
+from gateway.vault.envelope import VaultError
+from gateway.vault.keyring import Keyring, KeyringError
 from gateway.webhooks import signing
-from gateway.webhooks.models import WebhookAttempt, WebhookEvent
+from gateway.webhooks.dispatcher import CANNOT_SIGN
+from gateway.webhooks.models import WebhookAttempt, WebhookEvent, WorkerHeartbeat
 
 STATUSES = ("pending", "delivering", "delivered", "dead")
 
@@ -77,6 +80,37 @@ def redeliver(session: Session, clock: Clock, event_id: str, *, actor: str) -> W
     return event
 
 
+def last_poll(connection: Connection) -> datetime | None:
+    """When any running worker last looked for due events; None if none is running."""
+    polled: datetime | None = connection.scalar(select(func.max(WorkerHeartbeat.polled_at)))
+    return polled
+
+
+def stalled(connection: Connection, now: datetime, lease: timedelta) -> str | None:
+    """Why no webhook is going out, or None while they are.
+
+    Stalled means events overdue by more than a lease while no worker has
+    looked for due events within one: a live worker looks several times per
+    lease even when every thread is sending, so this is a dead or stuck one,
+    or none at all.
+    """
+    cutoff = now - lease
+    # A claim whose lease ran out is as due as a pending event.
+    due_at = case((WebhookEvent.status == "pending", WebhookEvent.next_attempt_at),
+                  else_=WebhookEvent.lease_until)
+    overdue: datetime | None = connection.scalar(select(func.min(due_at)).where(or_(
+        and_(WebhookEvent.status == "pending", WebhookEvent.next_attempt_at < cutoff),
+        and_(WebhookEvent.status == "delivering", WebhookEvent.lease_until < cutoff))))
+    if overdue is None:
+        return None
+    polled = last_poll(connection)
+    if polled is not None and polled >= cutoff:
+        return None
+    looked = f"since {timestamp(polled)}" if polled is not None else "at all"
+    return (f"webhook events have been due since {timestamp(overdue)} and no worker has "
+            f"looked for them {looked}: is `gateway worker` running?")
+
+
 def send_ping(session: Session, clock: Clock, keyring: Keyring, policy: OutboundPolicy,
               client: Client, *, actor: str) -> dict[str, Any]:
     """Send a signed ``ping`` to the client's webhook URL now; what came back."""
@@ -85,7 +119,10 @@ def send_ping(session: Session, clock: Clock, keyring: Keyring, policy: Outbound
     message_id = new_id("msg_", 18)
     body = json.dumps({"type": "ping", "timestamp": timestamp(clock.now()),
                        "data": {"client_id": client.id}}, separators=(",", ":"))
-    secrets = current_webhook_secrets(session, clock, keyring, client)
+    try:
+        secrets = current_webhook_secrets(session, clock, keyring, client)
+    except (VaultError, KeyringError):
+        raise Conflict(f"client {client.id}: {CANNOT_SIGN}") from None
     headers = signing.headers(secrets, message_id, int(clock.now().timestamp()), body)
     headers["Content-Type"] = "application/json"
     begun = time.monotonic()

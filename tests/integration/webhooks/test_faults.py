@@ -10,9 +10,11 @@ from datetime import timedelta
 
 import pytest
 from flask import Flask
+from sqlalchemy import select
 
 from gateway import db
 from gateway.clients import service as clients
+from gateway.clients.models import Client
 from gateway.clock import FixedClock, SystemClock
 from gateway.credentials.catalog import current_catalog
 from gateway.outbound import AttemptDeadlines, IPAddress, OutboundPolicy
@@ -155,6 +157,89 @@ def test_a_short_retry_after_never_shortens_the_schedule(
     make_dispatcher().run_once()
     [event] = events(app)
     assert event.next_attempt_at - failed_at >= SCHEDULE[1] * 0.8
+
+
+def retry_after_header(value: str, clock: FixedClock) -> str:
+    """The header's text; ``date:N`` is an HTTP date N seconds after the clock's now."""
+    if not value.startswith("date:"):
+        return value
+    moment = clock.now().replace(microsecond=0) + timedelta(seconds=int(value[5:]) + 1)
+    return email.utils.format_datetime(moment, usegmt=True)
+
+
+@pytest.mark.parametrize(("header", "wait"), [
+    ("99999999999999999999", MAX_RETRY_AFTER),    # overflows a timedelta: capped first
+    ("date:99999999999", MAX_RETRY_AFTER),        # a date thousands of years on
+    ("date:600", timedelta(seconds=600)),
+    ("date:-600", None),                          # a date gone by: the schedule's wait
+    ("soon", None),
+    ("-5", None),
+    ("1e9", None),
+    ("\u00b2\u00b3", None),                       # digits to str.isdigit(), not to int()
+    ("Sun, 99 Foo 2026 25:61:61 GMT", None),
+    ("", None),
+], ids=["huge", "far-date", "date", "past-date", "word", "negative", "exponent",
+        "superscript", "bad-date", "empty"])
+def test_any_retry_after_leaves_one_recorded_attempt_and_a_wait_on_the_schedule(
+    header: str, wait: timedelta | None, app: Flask, hooked_api: Api, receiver: Receiver,
+    clock: FixedClock, make_dispatcher: Callable[..., Dispatcher],
+) -> None:
+    receiver.script = [Answer(503, {"Retry-After": retry_after_header(header, clock)})]
+    end_one(hooked_api)
+    dispatcher = make_dispatcher()
+    failed_at = clock.now()
+
+    assert dispatcher.run_once() == 1
+    [event] = events(app)
+    assert (event.status, event.attempts, event.last_error) == ("pending", 1, "answered 503")
+    assert [(a.number, a.outcome, a.status_code, a.error) for a in attempts(app, event.id)] == [
+        (1, "failed", 503, "answered 503")]
+    held = event.next_attempt_at - failed_at
+    if wait is None:  # the schedule's own wait before attempt 2, jitter included
+        assert SCHEDULE[1] * 0.8 <= held <= SCHEDULE[1] * 1.2
+    else:
+        assert wait <= held <= wait + timedelta(seconds=1)
+        assert held <= max(SCHEDULE) + timedelta(seconds=1)
+
+    # Not a moment before it is due, then exactly once.
+    clock.advance(seconds=held.total_seconds() - 1)
+    assert dispatcher.run_once() == 0
+    clock.advance(seconds=1)
+    assert dispatcher.run_once() == 1
+    [event] = events(app)
+    assert (event.status, event.attempts) == ("delivered", 2)
+    assert [(a.number, a.outcome) for a in attempts(app, event.id)] == [
+        (1, "failed"), (2, "delivered")]
+    assert receiver.ids() == [event.id, event.id]
+
+
+def test_an_attempt_that_raises_is_recorded_as_failed_and_retried_on_schedule(
+    app: Flask, hooked_api: Api, receiver: Receiver, clock: FixedClock,
+    make_dispatcher: Callable[..., Dispatcher], caplog: pytest.LogCaptureFixture,
+) -> None:
+    end_one(hooked_api)
+    # By name, so the resolver is asked; it answers nonsense, and the send
+    # raises something no handler expects.
+    port = int(receiver.host.rsplit(":", 1)[1])
+    local = frozenset({f"localhost:{port}"})
+    with app.app_context(), db.transaction() as session:
+        for client in session.scalars(select(Client)):
+            client.webhook_url = f"http://localhost:{port}/hooks"
+    garbled = OutboundPolicy(insecure_hosts=local, resolve=lambda host, port: ["not-an-address"])
+    failed_at = clock.now()
+    assert make_dispatcher(policy=garbled).run_once() == 1
+    [event] = events(app)
+    reason = "the attempt failed unexpectedly (ValueError)"
+    assert (event.status, event.attempts, event.last_error) == ("pending", 1, reason)
+    assert [(a.number, a.outcome, a.error) for a in attempts(app, event.id)] == [
+        (1, "failed", reason)]
+    assert SCHEDULE[1] * 0.8 <= event.next_attempt_at - failed_at <= SCHEDULE[1] * 1.2
+    assert "delivering " + event.id + " failed unexpectedly" in caplog.text
+
+    next_due(clock, 2)
+    assert make_dispatcher(policy=OutboundPolicy(insecure_hosts=local)).run_once() == 1
+    assert events(app)[0].status == "delivered"
+    assert receiver.ids() == [event.id]
 
 
 # --- the SSRF guard at send time ----------------------------------------------------------

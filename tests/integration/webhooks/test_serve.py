@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +29,23 @@ def cancel_over_https(https: Https) -> str:
     assert status == 200, cancelled
     elicitation_id: str = created["id"]
     return elicitation_id
+
+
+def worker_of(server: Server, other_than: int | None = None, timeout: float = 30) -> int:
+    """The pid of the `gateway worker` process the server runs (once it runs one)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        # A child belongs to the thread that started it: look under every thread.
+        for children in Path(f"/proc/{server.process.pid}/task").glob("*/children"):
+            for pid in children.read_text().split():
+                try:
+                    command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                except FileNotFoundError:
+                    continue
+                if command[1:4] == [b"-m", b"gateway", b"worker"] and int(pid) != other_than:
+                    return int(pid)
+        time.sleep(0.1)
+    raise AssertionError(f"no worker process (other than {other_than}):\n{server.output()}")
 
 
 def test_serve_delivers_a_cancellation_through_its_worker(
@@ -71,3 +90,24 @@ def test_serve_without_worker_leaves_the_event_to_a_worker(
     assert delivery.headers["webhook-id"] == event.id
     assert json.loads(delivery.body)["type"] == "elicitation.cancelled"
     assert events(app)[0].status == "delivered"
+
+
+def test_a_killed_worker_is_started_again_and_sends_the_webhook(
+    app: Flask, hooked: Registered, receiver: Receiver, start_server: Callable[..., Server],
+    instance_path: Path,
+) -> None:
+    server = start_server()
+    killed = worker_of(server)
+    os.kill(killed, signal.SIGKILL)
+    replacement = worker_of(server, other_than=killed)
+    elicitation_id = cancel_over_https(Https(server, instance_path, hooked.api_token))
+
+    # The first wait after a death is a second; the new worker's start adds a few.
+    [delivery] = receiver.wait_for(1, timeout=20)
+    payload = verify_webhook(hooked.webhook_secret, delivery.headers, delivery.body)
+    assert payload["data"]["elicitation_id"] == elicitation_id
+    output = server.output()
+    assert f"started the worker (pid {killed})" in output
+    assert f"the worker (pid {killed}) stopped after" in output
+    assert "starting another in 1 s" in output
+    assert f"started the worker (pid {replacement})" in output
