@@ -75,7 +75,7 @@ def workers_for(settings: Settings, asked: int | None, *, per_worker_limits: boo
     if per_worker_limits or not ratelimit.counts_per_process(settings):
         return asked or DEFAULT_WORKERS
     if asked is None:
-        log.info("starting one worker: the rate-limit counters are in memory, which each "
+        log.debug("starting one worker: the rate-limit counters are in memory, which each "
                  "process keeps for itself; set GATEWAY_RATELIMIT_STORAGE_URL for more")
         return 1
     if asked > 1:
