@@ -39,7 +39,7 @@ from gateway.clients.service import current_webhook_secrets
 from gateway.clock import Clock
 from gateway.db import for_reads
 from gateway.outbound import BlockedDestination, GuardedPool, OutboundPolicy, finish
-from gateway.vault.keyring import Keyring
+from gateway.vault.keyring import KeySource
 from gateway.webhooks import signing
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent
 
@@ -107,7 +107,7 @@ class Dispatcher:
     transaction: under load, many outcomes per commit; when idle, each at once.
     """
 
-    def __init__(self, engine: Engine, clock: Clock, keyring: Keyring, policy: OutboundPolicy,
+    def __init__(self, engine: Engine, clock: Clock, keyring: KeySource, policy: OutboundPolicy,
                  *, concurrency: int = 8, rng: random.Random | None = None,
                  send_timeout: float = SEND_TIMEOUT_SECONDS, lease: timedelta = LEASE) -> None:
         # A claimed event may wait one send for a free thread, then take one

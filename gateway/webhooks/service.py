@@ -18,7 +18,7 @@ from gateway.errors import Conflict, InvalidInput, NotFound
 from gateway.outbound import BlockedDestination, OutboundPolicy, guarded_session
 from gateway.pagination import timestamp
 from gateway.tokens import new_id
-from gateway.vault.keyring import Keyring
+from gateway.vault.keyring import KeySource
 from gateway.webhooks import signing
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent
 
@@ -77,7 +77,7 @@ def redeliver(session: Session, clock: Clock, event_id: str, *, actor: str) -> W
     return event
 
 
-def send_ping(session: Session, clock: Clock, keyring: Keyring, policy: OutboundPolicy,
+def send_ping(session: Session, clock: Clock, keyring: KeySource, policy: OutboundPolicy,
               client: Client, *, actor: str) -> dict[str, Any]:
     """Send a signed ``ping`` to the client's webhook URL now; what came back."""
     if not client.webhook_url:
