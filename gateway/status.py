@@ -12,14 +12,17 @@ from sqlalchemy.orm import Session
 from gateway import cli, migrations
 from gateway.clients.models import WebhookSecret
 from gateway.clients.service import webhook_secret_binding
+from gateway.clock import SystemClock
 from gateway.credentials.models import Credential
 from gateway.credentials.service import binding as credential_binding
 from gateway.db import for_reads, make_engine
 from gateway.elicitations.lifecycle import Status
 from gateway.elicitations.models import Elicitation
 from gateway.pagination import timestamp
+from gateway.vault import versions
 from gateway.vault.envelope import VaultError, reveal_plaintext
 from gateway.vault.keyring import Keyring, KeyringError, load_keyring
+from gateway.vault.versions import KeyVersions
 from gateway.webhooks.models import WebhookEvent
 
 
@@ -40,30 +43,43 @@ def collect() -> dict[str, Any]:
     finally:
         engine.dispose()
     try:
-        keyring = load_keyring(settings)
-        report.setdefault("keys", {})["keyring_versions"] = sorted(keyring.keys, reverse=True)
-        report["keys"]["current"] = keyring.current_version
+        root = load_keyring(settings)
     except KeyringError as error:
         report.setdefault("keys", {})["error"] = str(error)
     else:
+        keys = report.setdefault("keys", {})
+        keys["keyring_versions"] = sorted(root.keys, reverse=True)
+        keys["root"] = root.current_version
+        keys["current"] = root.current_version
         if report["database"].get("current"):
-            _check_keyring_opens(settings, keyring, report["keys"])
+            _check_key_versions(settings, root, keys)
     return report
 
 
-def _check_keyring_opens(settings: Any, keyring: Keyring, keys: dict[str, Any]) -> None:
-    """Open one stored secret per key version in use, so a wrong keyring shows here.
+def _check_key_versions(settings: Any, root: Keyring, keys: dict[str, Any]) -> None:
+    """Read the key versions and open one stored secret per version in use.
 
     A restored database with another instance's keyring looks healthy in
     every count; only opening a secret tells. Nothing opened is kept or shown.
+    Also which version each running process wraps new secrets with.
     """
     engine = make_engine(settings.database_url)
     failed: list[str] = []
     try:
+        keyring = KeyVersions(engine, lambda: root, SystemClock(), role="status").snapshot()
+        keys["current"] = keyring.current_version
         with Session(engine) as session:
+            keys["stored_in"] = "database" if versions.stored(session) else "keyring"
+            keys["instances"] = [
+                {"instance": row.instance, "role": row.role, "wraps_with": f"v{row.key_version}",
+                 "seen_at": timestamp(row.seen_at)}
+                for row in versions.fresh_heartbeats(session, SystemClock().now())]
             for version in sorted({int(v[1:]) for v in keys.get("in_use", {})}):
                 if not _opens_one(session, keyring, version):
                     failed.append(f"v{version}")
+    except KeyringError as error:
+        keys["error"] = str(error)
+        return
     finally:
         engine.dispose()
     if failed:
@@ -147,6 +163,12 @@ def _print(report: dict[str, Any]) -> None:
         stale = [v for v in keys.get("in_use", {}) if v != f"v{keys['current']}"]
         _line("keys", f"current v{keys['current']}; secrets by version: {use or 'none'}",
               "yellow" if stale else "green")
+    if "instances" in keys:
+        wrapping = ", ".join(f"{i['instance']} ({i['role']}) {i['wraps_with']}"
+                             for i in keys["instances"])
+        behind = [i for i in keys["instances"] if i["wraps_with"] != f"v{keys['current']}"]
+        _line("wrapping", wrapping or "no process wrapped a secret lately",
+              "yellow" if behind else "green")
     if "webhooks" in report:
         hooks = report["webhooks"]
         _line("webhooks", f"backlog {hooks['backlog']} (oldest due {hooks['oldest_due'] or '-'})"
