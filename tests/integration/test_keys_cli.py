@@ -90,7 +90,9 @@ def stored(engine: Engine, keyring_file: Path) -> dict[str, str]:
 
 
 def versions(engine: Engine) -> dict[int, int]:
-    with Session(engine) as session:
+    # A read only: on SQLite it must not queue for the write lock, which a rewrap
+    # committing batch after batch takes again before a waiting poller gets it.
+    with Session(db.for_reads(engine)) as session:
         rows = session.execute(select(Credential.key_version, func.count())
                                .group_by(Credential.key_version)).all()
         return {row[0]: row[1] for row in rows}
