@@ -20,6 +20,7 @@ from gateway.payments import stripe_gateway
 from gateway.payments import views as payments
 from gateway.payments.stripe_gateway import Stripe
 from gateway.settings import Settings, load_settings
+from gateway.vault import versions as key_versions
 from gateway.web import api, openapi, ratelimit
 from gateway.web.converters import IdConverter
 
@@ -65,6 +66,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     # and Flask has no URL adapter.
     app.jinja_env.globals["static_url"] = lambda name: f"{app.static_url_path}/{name}"
     db.init_app(app, settings.database_url)
+    key_versions.init_app(app, settings, db.engine_of(app), app.extensions["gateway.clock"])
     app.session_interface = ServerSessionInterface(db.engine_of(app), app.extensions[
         "gateway.clock"], settings)
     csrf.init_app(app)

@@ -12,7 +12,7 @@ import json
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import click
 from sqlalchemy.engine import make_url
@@ -23,6 +23,9 @@ from gateway import __version__
 from gateway.errors import GatewayError
 from gateway.files import FileError
 from gateway.settings import Settings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from gateway.vault.versions import KeyVersions
 
 # Commands of each feature, as name → "module:attribute". A feature adds its
 # line here; its module is imported only when the command runs.
@@ -108,6 +111,21 @@ def transaction() -> Iterator[Session]:
     finally:
         session.close()
         engine.dispose()
+
+
+def key_versions() -> KeyVersions:
+    """The vault's key versions for this command, its keyring read now; one line if it is bad."""
+    from gateway.clock import SystemClock
+    from gateway.db import make_engine
+    from gateway.vault import versions
+    from gateway.vault.keyring import KeyringError
+
+    engine = make_engine(settings().database_url)
+    click.get_current_context().call_on_close(engine.dispose)
+    try:
+        return versions.for_command(settings(), engine, SystemClock(), role="cli")
+    except KeyringError as error:
+        fail(str(error))
 
 
 def echo_json(value: Any) -> None:

@@ -93,6 +93,11 @@ def init_app(app: Flask, database_url: str) -> None:
     app.teardown_appcontext(_close_session)
 
 
+def without_waiting(engine: Engine) -> Engine:
+    """The engine for a write that fails at once, never waits, when the lock is taken (SQLite)."""
+    return engine.execution_options(**{sqlite.NO_WAIT: True})
+
+
 def engine() -> Engine:
     """The engine of the current app."""
     return engine_of(current_app)

@@ -37,7 +37,7 @@ from gateway.identity.models import User
 from gateway.instance import config_path, create_instance
 from gateway.outbound import OutboundPolicy
 from gateway.settings import Settings, SettingsError, env_name
-from gateway.vault.keyring import load_keyring
+from gateway.vault import versions
 
 DEMO_USER = "demo"
 
@@ -108,7 +108,8 @@ def _seed(settings: Settings, receiver: str) -> tuple[str | None, str, str]:
     link: str | None = None
     with sessionmaker(engine, expire_on_commit=False).begin() as session:
         minted = clients.create_client(
-            session, clock, keyring=load_keyring(settings), pepper=settings.token_pepper,
+            session, clock, keyring=versions.for_command(settings, engine, clock, role="demo"),
+            pepper=settings.token_pepper,
             catalog=load_catalog(catalog_path(settings)),
             name=f"Demo MCP server {datetime.now(UTC):%H%M%S}",
             webhook_url=f"http://{receiver}/hooks", credential_types=[],

@@ -6,8 +6,9 @@ from gateway.credentials.models import Credential
 from gateway.elicitations.models import Elicitation, IdempotencyRecord
 from gateway.identity.models import BrowserSession, User
 from gateway.payments.models import Payment, StripeEvent
+from gateway.vault.models import KeyVersion, VaultInstance
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent, WorkerHeartbeat
 
 __all__ = ["ApiToken", "AuditEvent", "BrowserSession", "Client", "Credential", "Elicitation",
-           "IdempotencyRecord", "Payment", "StripeEvent", "User", "WebhookAttempt",
-           "WebhookEvent", "WebhookSecret", "WorkerHeartbeat"]
+           "IdempotencyRecord", "KeyVersion", "Payment", "StripeEvent", "User", "VaultInstance",
+           "WebhookAttempt", "WebhookEvent", "WebhookSecret", "WorkerHeartbeat"]

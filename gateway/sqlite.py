@@ -27,6 +27,8 @@ from gateway import wal
 BUSY_TIMEOUT_S: Final = 15.0
 # The execution option that marks a connection whose transactions only read.
 READS: Final = "gateway_reads"
+# The execution option of a write that gives up at once rather than wait for the lock.
+NO_WAIT: Final = "gateway_no_wait"
 
 
 def make_engine(database_url: str, **options: Any) -> Engine:
@@ -67,8 +69,20 @@ def _tune(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
 
 
 def _begin(connection: Connection) -> None:
-    reads = connection.get_execution_options().get(READS, False)
-    connection.exec_driver_sql("BEGIN" if reads else "BEGIN IMMEDIATE")
+    options = connection.get_execution_options()
+    if options.get(READS, False):
+        connection.exec_driver_sql("BEGIN")
+    elif options.get(NO_WAIT, False):
+        # A write that can wait for nothing: one the process may make while
+        # another of its own connections holds the lock, which it would wait
+        # on for the whole busy timeout.
+        connection.exec_driver_sql("PRAGMA busy_timeout = 0")
+        try:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        finally:
+            connection.exec_driver_sql(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+    else:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _create_private(path: str | None) -> None:

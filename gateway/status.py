@@ -21,8 +21,10 @@ from gateway.elicitations.lifecycle import Status
 from gateway.elicitations.models import Elicitation
 from gateway.pagination import timestamp
 from gateway.settings import Settings
+from gateway.vault import versions
 from gateway.vault.envelope import VaultError, reveal_plaintext
 from gateway.vault.keyring import Keyring, KeyringError, load_keyring
+from gateway.vault.versions import KeyVersions
 from gateway.webhooks import service as webhooks
 from gateway.webhooks.dispatcher import CANNOT_SIGN
 from gateway.webhooks.models import WebhookEvent
@@ -45,25 +47,27 @@ def collect() -> dict[str, Any]:
     finally:
         engine.dispose()
     try:
-        keyring = load_keyring(settings)
-        report.setdefault("keys", {})["keyring_versions"] = sorted(keyring.keys, reverse=True)
-        report["keys"]["current"] = keyring.current_version
+        root = load_keyring(settings)
     except KeyringError as error:
         report.setdefault("keys", {})["error"] = str(error)
     else:
+        keys = report.setdefault("keys", {})
+        keys["keyring_versions"] = sorted(root.keys, reverse=True)
+        keys["root"] = root.current_version
+        keys["current"] = root.current_version
         if report["database"].get("current"):
-            _check_keyring_opens(settings, keyring, report["keys"])
+            _check_key_versions(settings, root, keys)
         if "webhooks" in report:
-            report["webhooks"]["unsigned_clients"] = _clients_that_cannot_sign(settings,
-                                                                               keyring)
+            report["webhooks"]["unsigned_clients"] = _clients_that_cannot_sign(settings, root)
     return report
 
 
-def _clients_that_cannot_sign(settings: Settings, keyring: Keyring) -> list[str]:
+def _clients_that_cannot_sign(settings: Settings, root: Keyring) -> list[str]:
     """The clients with a webhook URL whose signing secrets do not open; nothing is kept."""
     engine = make_engine(settings.database_url)
     failed: list[str] = []
     try:
+        keyring = KeyVersions(engine, lambda: root, SystemClock(), role="status").snapshot()
         with Session(for_reads(engine)) as session:
             for client in session.scalars(select(Client).where(Client.webhook_url.is_not(None))
                                           .order_by(Client.created_at, Client.id)):
@@ -71,24 +75,37 @@ def _clients_that_cannot_sign(settings: Settings, keyring: Keyring) -> list[str]
                     current_webhook_secrets(session, SystemClock(), keyring, client)
                 except (VaultError, KeyringError):
                     failed.append(client.id)
+    except KeyringError:
+        return failed  # the key versions do not open: _check_key_versions says so
     finally:
         engine.dispose()
     return failed
 
 
-def _check_keyring_opens(settings: Any, keyring: Keyring, keys: dict[str, Any]) -> None:
-    """Open one stored secret per key version in use, so a wrong keyring shows here.
+def _check_key_versions(settings: Any, root: Keyring, keys: dict[str, Any]) -> None:
+    """Read the key versions and open one stored secret per version in use.
 
     A restored database with another instance's keyring looks healthy in
     every count; only opening a secret tells. Nothing opened is kept or shown.
+    Also which version each running process wraps new secrets with.
     """
     engine = make_engine(settings.database_url)
     failed: list[str] = []
     try:
+        keyring = KeyVersions(engine, lambda: root, SystemClock(), role="status").snapshot()
+        keys["current"] = keyring.current_version
         with Session(engine) as session:
+            keys["stored_in"] = "database" if versions.stored(session) else "keyring"
+            keys["instances"] = [
+                {"instance": row.instance, "role": row.role, "wraps_with": f"v{row.key_version}",
+                 "seen_at": timestamp(row.seen_at)}
+                for row in versions.fresh_heartbeats(session, SystemClock().now())]
             for version in sorted({int(v[1:]) for v in keys.get("in_use", {})}):
                 if not _opens_one(session, keyring, version):
                     failed.append(f"v{version}")
+    except KeyringError as error:
+        keys["error"] = str(error)
+        return
     finally:
         engine.dispose()
     if failed:
@@ -181,6 +198,12 @@ def _print(report: dict[str, Any]) -> None:
         stale = [v for v in keys.get("in_use", {}) if v != f"v{keys['current']}"]
         _line("keys", f"current v{keys['current']}; secrets by version: {use or 'none'}",
               "yellow" if stale else "green")
+    if "instances" in keys:
+        wrapping = ", ".join(f"{i['instance']} ({i['role']}) {i['wraps_with']}"
+                             for i in keys["instances"])
+        behind = [i for i in keys["instances"] if i["wraps_with"] != f"v{keys['current']}"]
+        _line("wrapping", wrapping or "no process wrapped a secret lately",
+              "yellow" if behind else "green")
     if "webhooks" in report:
         hooks = report["webhooks"]
         _line("webhooks", f"backlog {hooks['backlog']} (oldest due {hooks['oldest_due'] or '-'})"

@@ -26,7 +26,8 @@ from gateway.db import make_engine
 from gateway.elicitations.service import expire_overdue
 from gateway.outbound import OutboundPolicy
 from gateway.settings import Settings
-from gateway.vault.keyring import KeyringError, load_keyring
+from gateway.vault import versions
+from gateway.vault.keyring import KeyringError
 from gateway.webhooks.dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def _sweep_forever(factory: sessionmaker, stop: threading.Event) -> None:  # typ
 def _dispatcher(settings: Settings) -> Dispatcher:
     engine = make_engine(settings.database_url)
     try:
-        keyring = load_keyring(settings)
+        keyring = versions.for_command(settings, engine, SystemClock(), role="worker")
     except KeyringError as error:
         cli.fail(str(error))
     policy = OutboundPolicy.from_settings(settings)

@@ -14,7 +14,6 @@ from gateway.clock import SystemClock
 from gateway.credentials.catalog import CatalogError, catalog_path, load_catalog
 from gateway.outbound import OutboundPolicy
 from gateway.pagination import timestamp
-from gateway.vault.keyring import KeyringError, load_keyring
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
@@ -33,10 +32,10 @@ def clients() -> None:
 def create(name: str, webhook_url: str | None, credential_types: str, as_json: bool) -> None:
     """Register an MCP server; prints its API token and webhook secret once."""
     settings = cli.settings()
+    keyring = cli.key_versions()
     try:
-        keyring = load_keyring(settings)
         catalog = load_catalog(catalog_path(settings))
-    except (KeyringError, CatalogError) as error:
+    except CatalogError as error:
         cli.fail(str(error))
     types = [t.strip() for t in credential_types.split(",") if t.strip()]
     with cli.transaction() as session:
@@ -123,10 +122,7 @@ def revoke_token(client: str, token_id: str) -> None:
 def rotate_webhook_secret(client: str, as_json: bool) -> None:
     """A new webhook secret, printed once; the old one signs beside it during the grace."""
     settings = cli.settings()
-    try:
-        keyring = load_keyring(settings)
-    except KeyringError as error:
-        cli.fail(str(error))
+    keyring = cli.key_versions()
     grace = timedelta(hours=settings.webhook_secret_grace_hours)
     with cli.transaction() as session:
         secret = service.rotate_webhook_secret(session, SystemClock(), keyring=keyring,

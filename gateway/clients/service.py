@@ -29,7 +29,7 @@ from gateway.outbound import BlockedDestination, OutboundPolicy
 from gateway.settings import Secret
 from gateway.tokens import keyed_digest, new_id, new_token, token_hint
 from gateway.vault.envelope import bind, reveal_plaintext, seal
-from gateway.vault.keyring import Keyring
+from gateway.vault.keyring import KeySource
 
 API_TOKEN_PREFIX: Final = "gw_"  # noqa: S105  (a prefix, not a secret)
 WEBHOOK_SECRET_PREFIX: Final = "whsec_"  # noqa: S105  (a prefix, not a secret)
@@ -65,7 +65,7 @@ class Minted:
 
 
 def create_client(
-    session: Session, clock: Clock, *, keyring: Keyring, pepper: Secret, catalog: Catalog,
+    session: Session, clock: Clock, *, keyring: KeySource, pepper: Secret, catalog: Catalog,
     name: str, webhook_url: str | None, credential_types: list[str], actor: str,
     policy: OutboundPolicy,
 ) -> Minted:
@@ -118,7 +118,7 @@ def revoke_token(session: Session, clock: Clock, *, client_ref: str, token_id: s
     return record
 
 
-def rotate_webhook_secret(session: Session, clock: Clock, *, keyring: Keyring, client_ref: str,
+def rotate_webhook_secret(session: Session, clock: Clock, *, keyring: KeySource, client_ref: str,
                           grace: timedelta, actor: str) -> str:
     """A new webhook secret; the old one keeps signing beside it for ``grace``."""
     client = get_client(session, client_ref)
@@ -214,7 +214,7 @@ def authenticate(session: Session, token_digest: str | None) -> ClientIdentity:
     return ClientIdentity(row.id, row.name, tuple(row.credential_types or ()))
 
 
-def current_webhook_secrets(session: Session, clock: Clock, keyring: Keyring,
+def current_webhook_secrets(session: Session, clock: Clock, keyring: KeySource,
                             client: Client) -> list[str]:
     """The secrets deliveries are signed with now: the current one, then any in grace."""
     now = clock.now()
@@ -268,7 +268,7 @@ def _add_token(session: Session, client: Client, pepper: Secret, now: datetime) 
     return token
 
 
-def _add_webhook_secret(session: Session, client: Client, keyring: Keyring, now: datetime) -> str:
+def _add_webhook_secret(session: Session, client: Client, keyring: KeySource, now: datetime) -> str:
     secret = WEBHOOK_SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
     row = WebhookSecret(id=new_id("whs_", 9), client_id=client.id, created_at=now)
     row.envelope = seal(keyring, secret.encode(), webhook_secret_binding(row))

@@ -28,7 +28,7 @@ from gateway.errors import Conflict, GatewayError, NotFound
 from gateway.pagination import decode_cursor, encode_cursor, timestamp
 from gateway.tokens import new_id
 from gateway.vault.envelope import VaultError, bind, reveal_plaintext, seal
-from gateway.vault.keyring import Keyring
+from gateway.vault.keyring import KeySource
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def binding(credential: Credential) -> bytes:
                 type=credential.type)
 
 
-def seal_for(keyring: Keyring, elicitation: Elicitation, credential_type: CredentialType,
+def seal_for(keyring: KeySource, elicitation: Elicitation, credential_type: CredentialType,
              secret: str, now: datetime) -> Credential:
     """The key checked and sealed for the elicitation's client and user; not stored yet."""
     check_shape(credential_type, secret)
@@ -170,7 +170,7 @@ def _another_live_key(error: IntegrityError) -> bool:
     return "UNIQUE constraint failed: credentials.client_id" in str(error.orig)
 
 
-def reveal_secret(keyring: Keyring, credential: Credential) -> str:
+def reveal_secret(keyring: KeySource, credential: Credential) -> str:
     """The plaintext key; call only to hand it to its owner's MCP server."""
     return reveal_plaintext(keyring, credential.envelope, binding(credential)).decode()
 
@@ -224,7 +224,7 @@ def list_for_client(session: Session, client_id: str, *, subject_iss: str | None
 
 
 def reveal_for_client(
-    session: Session, clock: Clock, keyring: Keyring, client_id: str, credential_id: str, *,
+    session: Session, clock: Clock, keyring: KeySource, client_id: str, credential_id: str, *,
     actor: str, source_ip: str | None,
 ) -> tuple[Credential, str]:
     """The client's credential and its plaintext, for the owning MCP server; audited.

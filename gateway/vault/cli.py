@@ -1,19 +1,17 @@
 """``gateway keys``: the key-encryption keys: list, rotate, rewrap, retire.
 
-Rotation is three steps, each safe to repeat: ``rotate`` adds a version
-that wraps all new data keys from then on; ``rewrap`` moves every stored
-data key to it (in batches, each its own transaction, so an interrupted run
-simply continues where it stopped); ``retire`` removes the old version once
-nothing uses it.
+Rotation is three steps, each safe to repeat, none needing a restart (the
+versions live in the database, see :mod:`gateway.vault.versions`): ``rotate``
+adds a version, which every running process wraps new data keys with within
+:data:`~gateway.vault.versions.REFRESH`; ``rewrap`` moves every stored data key
+to it (in batches, each its own transaction, so an interrupted run simply
+continues where it stopped); ``retire`` deletes the old version once nothing
+uses it and no running process still wraps with it.
 """
 
 from __future__ import annotations
 
-import base64
-import os
-import secrets
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Final
 
 import click
@@ -27,9 +25,9 @@ from gateway.clients.service import webhook_secret_binding
 from gateway.clock import SystemClock
 from gateway.credentials.models import Credential
 from gateway.credentials.service import binding as credential_binding
-from gateway.files import FileError, check_private
+from gateway.vault import versions
 from gateway.vault.envelope import rewrap as rewrap_envelope
-from gateway.vault.keyring import KEYRING_FILE, Keyring, KeyringError, load_keyring
+from gateway.vault.keyring import KEYRING_FILE, Keyring
 
 BATCH: Final = 500
 # Every table holding sealed secrets, with the binding of a row's ciphertext.
@@ -37,13 +35,6 @@ SEALED: Final[list[tuple[Any, Callable[[Any], bytes]]]] = [
     (Credential, credential_binding),
     (WebhookSecret, webhook_secret_binding),
 ]
-
-
-def _keyring() -> Keyring:
-    try:
-        return load_keyring(cli.settings())
-    except KeyringError as error:
-        cli.fail(str(error))
 
 
 def _usage(session: Session) -> dict[int, int]:
@@ -64,45 +55,48 @@ def keys() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 def list_keys(as_json: bool) -> None:
     """Key versions, which one is current, and how many secrets each wraps."""
-    keyring = _keyring()
+    root = cli.key_versions().root
     with cli.transaction() as session:
         usage = _usage(session)
-    rows = [{"version": f"v{version}", "current": version == keyring.current_version,
-             "secrets": usage.get(version, 0)}
-            for version in sorted(keyring.keys, reverse=True)]
-    missing = sorted(set(usage) - set(keyring.keys))
+        stored = {v: f"database (root v{row.root_version})"
+                  for v, row in versions.stored(session).items()}
+        instances = versions.fresh_heartbeats(session, SystemClock().now())
+    known = stored or dict.fromkeys(root.keys, "keyring")
+    current = max(known)
+    rows = [{"version": f"v{version}", "current": version == current,
+             "secrets": usage.get(version, 0), "stored": known[version]}
+            for version in sorted(known, reverse=True)]
+    missing = sorted(set(usage) - set(known))
+    wrapping = [{"instance": i.instance, "role": i.role, "wraps_with": f"v{i.key_version}"}
+                for i in instances]
     if as_json:
-        cli.echo_json({"source": _source(), "versions": rows,
-                       "missing_versions": [f"v{v}" for v in missing]})
+        cli.echo_json({"source": _source(), "root": f"v{root.current_version}",
+                       "versions": rows, "missing_versions": [f"v{v}" for v in missing],
+                       "instances": wrapping})
         return
-    click.echo(f"keyring: {_source()}")
+    click.echo(f"root key: v{root.current_version} of {_source()}")
     cli.echo_table([{**r, "current": "yes" if r["current"] else ""} for r in rows],
-                   ["version", "current", "secrets"])
+                   ["version", "current", "secrets", "stored"])
     for version in missing:
-        click.secho(f"v{version} wraps {usage[version]} secret(s) but is not in the keyring!",
+        click.secho(f"v{version} wraps {usage[version]} secret(s) but is not a key version!",
                     fg="red")
+    for instance in wrapping:
+        click.echo(f"{instance['instance']} ({instance['role']}) wraps new secrets with "
+                   f"{instance['wraps_with']}")
 
 
 @keys.command()
 def rotate() -> None:
-    """Add a key version; it wraps every new secret from now on."""
-    keyring = _keyring()
-    version = keyring.current_version + 1
-    entry = f"v{version}:{base64.b64encode(secrets.token_bytes(32)).decode()}"
-    settings = cli.settings()
-    if settings.encryption_keys is not None:
-        # The keyring lives in the environment; the operator must change it.
-        current = settings.encryption_keys.reveal()
-        click.echo("The keyring comes from GATEWAY_ENCRYPTION_KEYS. Set it to:")
-        click.echo(f"  {entry},{current}")
-        click.echo("on every instance, then run `gateway keys rewrap`.")
-        _audit("keys.rotation_prepared", version)
-        return
-    path = settings.instance_path / KEYRING_FILE
-    _rewrite(path, [entry, *_entries(path)])
-    _audit("keys.rotated", version)
-    click.echo(f"added v{version}; it wraps new secrets once each instance restarts. "
-               "Next: gateway keys rewrap")
+    """Add a key version; every running instance wraps new secrets with it, no restart."""
+    root = cli.key_versions().root
+    with cli.transaction() as session:
+        now = SystemClock().now()
+        versions.forget_old_heartbeats(session, now)
+        version = versions.add_version(session, root, now)
+        _audit(session, "keys.rotated", version)
+    seconds = int(versions.REFRESH.total_seconds())
+    click.echo(f"added v{version}; every running instance wraps new secrets with it within "
+               f"{seconds} s. Next: gateway keys rewrap")
 
 
 @keys.command()
@@ -110,16 +104,35 @@ def rotate() -> None:
               help="Stop after this many secrets (spread the work over several runs).")
 def rewrap(limit: int | None) -> None:
     """Move every stored data key to the newest version (resumable)."""
-    keyring = _keyring()
-    current = keyring.current_version
+    store = cli.key_versions()
+    with cli.transaction() as session:
+        resealed = versions.reseal_with_newest_root(session, store.root)
+    if resealed:
+        click.echo(f"{len(resealed)} key version(s) now sealed by root "
+                   f"v{store.root.current_version}")
+    current = store.current_version  # and says so, so that no one retires it meanwhile
+    keyring = store.snapshot()
     with cli.transaction() as session:
         pending = sum(n for v, n in _usage(session).items() if v != current)
     if limit is not None:
         pending = min(pending, limit)
+    moved = _rewrap_to(keyring, current, limit, pending, lambda: store.current_version)
+    _audit_alone("keys.rewrapped", current, {"secrets": moved})
+    click.echo(f"{moved} secret(s) now wrapped by v{current}")
+    if limit is not None and moved == limit:
+        click.echo("stopped at --max; run it again to go on")
+
+
+def _rewrap_to(keyring: Keyring, current: int, limit: int | None, pending: int,
+               newest: Callable[[], int]) -> int:
+    """Rewrap batch by batch to ``current``; how many secrets moved."""
     moved = 0
     with click.progressbar(length=pending, label=f"rewrapping to v{current}") as bar:
         for model, binding in SEALED:
             while limit is None or moved < limit:
+                if newest() != current:
+                    cli.fail(f"a newer key version than v{current} was added meanwhile; "
+                             "run `gateway keys rewrap` again")
                 size = BATCH if limit is None else min(BATCH, limit - moved)
                 with cli.transaction() as session:
                     rows = session.scalars(select(model).where(model.key_version != current)
@@ -130,37 +143,43 @@ def rewrap(limit: int | None) -> None:
                     break
                 moved += len(rows)
                 bar.update(len(rows))
-    _audit("keys.rewrapped", current, {"secrets": moved})
-    click.echo(f"{moved} secret(s) now wrapped by v{current}")
-    if limit is not None and moved == limit:
-        click.echo("stopped at --max; run it again to go on")
+    return moved
 
 
 @keys.command()
 @click.argument("version")
 def retire(version: str) -> None:
-    """Remove a key version; refused while any secret still uses it."""
-    keyring = _keyring()
+    """Delete a key version; refused while a secret or a running instance still uses it."""
+    root = cli.key_versions().root
     number = _version_number(version)
-    if number not in keyring.keys:
-        cli.fail(f"{version} is not in the keyring")
-    if number == keyring.current_version:
-        cli.fail(f"{version} is the current version; rotate first, then rewrap")
+    name = f"v{number}"
+    now = SystemClock().now()
     with cli.transaction() as session:
+        # Before the first rotation the configured keyring's versions are the
+        # key versions: they move to the database, where retiring one is a
+        # deletion every process sees (refused, all of it is rolled back).
+        stored = versions.carry_over(session, root, now)
+        if number not in stored:
+            cli.fail(f"{name} is not a key version (`gateway keys list` shows them)")
+        if number == max(stored):
+            cli.fail(f"{name} is the current version; rotate first, then rewrap")
         in_use = _usage(session).get(number, 0)
-    if in_use:
-        cli.fail(f"{in_use} secret(s) still use {version}; run `gateway keys rewrap` first")
-    settings = cli.settings()
-    if settings.encryption_keys is not None:
-        remaining = [e for e in settings.encryption_keys.reveal().split(",")
-                     if e.strip() and not e.strip().startswith(f"v{number}:")]
-        click.echo("The keyring comes from GATEWAY_ENCRYPTION_KEYS. Set it to:")
-        click.echo(f"  {','.join(remaining)}")
-    else:
-        path = settings.instance_path / KEYRING_FILE
-        _rewrite(path, [e for e in _entries(path) if not e.startswith(f"v{number}:")])
-    _audit("keys.retired", number)
-    click.echo(f"{version} retired")
+        if in_use:
+            cli.fail(f"{in_use} secret(s) still use {name}; run `gateway keys rewrap` first")
+        wrapping = [i.instance for i in versions.fresh_heartbeats(session, now)
+                    if i.key_version == number]
+        if wrapping:
+            seconds = int(versions.REFRESH.total_seconds())
+            cli.fail(f"{len(wrapping)} running instance(s) still wrap new secrets with {name} "
+                     f"({', '.join(wrapping)}); each moves to v{max(stored)} within "
+                     f"{seconds} s of its next secret: try again in a minute")
+        session.delete(stored[number])
+        versions.forget_old_heartbeats(session, now)
+        _audit(session, "keys.retired", number)
+    click.echo(f"{name} retired")
+    if number in root.keys and number != root.current_version:
+        click.echo(f"{name} is still in the keyring ({_source()}); once no key version is "
+                   "sealed by it (`gateway keys list`), remove it from there")
 
 
 def _version_number(text: str) -> int:
@@ -177,28 +196,12 @@ def _source() -> str:
     return str(settings.instance_path / KEYRING_FILE)
 
 
-def _entries(path: Path) -> list[str]:
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+def _audit(session: Session, action: str, version: int,
+           details: dict[str, Any] | None = None) -> None:
+    audit.record(session, SystemClock(), actor=cli.operator(), action=action,
+                 target=f"v{version}", details=details or {})
 
 
-def _rewrite(path: Path, entries: list[str]) -> None:
-    """Replace the keyring file in one step, owner-only from the first byte."""
-    try:
-        check_private(path, "keyring file")
-    except FileError as error:
-        cli.fail(str(error))
-    scratch = path.with_name(f".{path.name}.new")
-    descriptor = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-        handle.write("# Key-encryption keys, newest first. Keep private and backed up.\n")
-        handle.write("\n".join(entries) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(scratch, path)
-
-
-def _audit(action: str, version: int, details: dict[str, Any] | None = None) -> None:
+def _audit_alone(action: str, version: int, details: dict[str, Any] | None = None) -> None:
     with cli.transaction() as session:
-        audit.record(session, SystemClock(), actor=cli.operator(), action=action,
-                     target=f"v{version}", details=details or {})
+        _audit(session, action, version, details)

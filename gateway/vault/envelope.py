@@ -4,8 +4,9 @@ Each secret gets its own random 256-bit data key and is sealed with
 AES-256-GCM under a random 96-bit nonce. The associated data binds the
 ciphertext to its row (say credential id, client, subject, type): copied onto
 another row, it no longer opens. The data key is itself sealed with AES-GCM
-under the keyring's newest key-encryption key, bound to the same row and to
-the key version, so rotation only rewraps 60 bytes per row.
+under the newest key-encryption key (see :mod:`gateway.vault.versions`),
+bound to the same row and to the key version, so rotation only rewraps 60
+bytes per row.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Final
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from gateway.vault.keyring import Keyring, KeyringError
+from gateway.vault.keyring import KeyringError, KeySource
 
 NONCE_BYTES: Final = 12
 DATA_KEY_BITS: Final = 256
@@ -43,7 +44,7 @@ def bind(**fields: str) -> bytes:
     return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
 
-def seal(keyring: Keyring, plaintext: bytes, associated_data: bytes) -> Envelope:
+def seal(keyring: KeySource, plaintext: bytes, associated_data: bytes) -> Envelope:
     """Encrypt ``plaintext`` for the row that ``associated_data`` describes."""
     data_key = AESGCM.generate_key(bit_length=DATA_KEY_BITS)
     nonce = os.urandom(NONCE_BYTES)
@@ -53,7 +54,7 @@ def seal(keyring: Keyring, plaintext: bytes, associated_data: bytes) -> Envelope
                     ciphertext)
 
 
-def reveal_plaintext(keyring: Keyring, envelope: Envelope, associated_data: bytes) -> bytes:
+def reveal_plaintext(keyring: KeySource, envelope: Envelope, associated_data: bytes) -> bytes:
     """Decrypt; any change to the envelope or to the row it belongs to fails closed."""
     data_key = _unwrap(keyring, envelope, associated_data)
     try:
@@ -63,7 +64,7 @@ def reveal_plaintext(keyring: Keyring, envelope: Envelope, associated_data: byte
             from None
 
 
-def rewrap(keyring: Keyring, envelope: Envelope, associated_data: bytes) -> Envelope:
+def rewrap(keyring: KeySource, envelope: Envelope, associated_data: bytes) -> Envelope:
     """The same secret with its data key wrapped by the newest key version."""
     version = keyring.current_version
     if envelope.key_version == version:
@@ -77,14 +78,14 @@ def _wrap_context(version: int, associated_data: bytes) -> bytes:
     return b"gateway data key v%d|" % version + associated_data
 
 
-def _wrap(keyring: Keyring, version: int, data_key: bytes, associated_data: bytes) -> bytes:
+def _wrap(keyring: KeySource, version: int, data_key: bytes, associated_data: bytes) -> bytes:
     nonce = os.urandom(NONCE_BYTES)
     sealed = AESGCM(keyring.key(version)).encrypt(
         nonce, data_key, _wrap_context(version, associated_data))
     return nonce + sealed
 
 
-def _unwrap(keyring: Keyring, envelope: Envelope, associated_data: bytes) -> bytes:
+def _unwrap(keyring: KeySource, envelope: Envelope, associated_data: bytes) -> bytes:
     try:
         kek = keyring.key(envelope.key_version)
     except KeyringError as error:

@@ -1,8 +1,11 @@
-"""Key-encryption keys, by version. The newest version wraps all new data keys.
+"""The configured keyring: key versions, the newest current; and what every key source offers.
 
 The keyring comes from ``GATEWAY_ENCRYPTION_KEYS`` (``v2:<base64>,v1:<base64>``)
 or, when that is unset, the instance keyring file written by ``gateway init``
 (one ``vN:<base64>`` per line), which must be readable by its owner only.
+Its newest version is the root key that seals the key-encryption keys kept
+in the database (see :mod:`gateway.vault.versions`); until the first
+rotation, its versions are themselves the key-encryption keys.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import binascii
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from flask import current_app
 
@@ -27,6 +30,17 @@ _ENTRY = re.compile(r"v([1-9][0-9]*):(\S+)")
 
 class KeyringError(Exception):
     """The keyring is missing, unsafe or malformed; the message says where."""
+
+
+class KeySource(Protocol):
+    """Key-encryption keys by version: a fixed keyring, or the versions every process shares."""
+
+    @property
+    def current_version(self) -> int:
+        """The version that wraps new data keys."""
+
+    def key(self, version: int) -> bytes:
+        """The key of ``version``; :class:`KeyringError` when there is none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +101,9 @@ def load_keyring(settings: Settings) -> Keyring:
     return read_keyring_file(path)
 
 
-def current_keyring() -> Keyring:
-    """The keyring of the current app, read on first use."""
-    found: Keyring | None = current_app.extensions.get(EXTENSION)
-    if found is None:
-        found = load_keyring(current_app.extensions["gateway.settings"])
-        current_app.extensions[EXTENSION] = found
+def current_keyring() -> KeySource:
+    """The key versions of the current app (see :func:`gateway.vault.versions.init_app`)."""
+    found: KeySource = current_app.extensions[EXTENSION]
     return found
 
 

@@ -9,7 +9,6 @@ from gateway.clients.service import get_client
 from gateway.clock import SystemClock
 from gateway.outbound import OutboundPolicy
 from gateway.pagination import timestamp
-from gateway.vault.keyring import KeyringError, load_keyring
 from gateway.webhooks import service
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
@@ -76,10 +75,7 @@ def redeliver(event_id: str) -> None:
 def test(client: str, as_json: bool) -> None:
     """Send a signed ping event to a client's webhook URL and show what came back."""
     settings = cli.settings()
-    try:
-        keyring = load_keyring(settings)
-    except KeyringError as error:
-        cli.fail(str(error))
+    keyring = cli.key_versions()
     with cli.transaction() as session:
         found = get_client(session, client)
         outcome = service.send_ping(session, SystemClock(), keyring,

@@ -45,7 +45,7 @@ from gateway.db import for_reads
 from gateway.outbound import BlockedDestination, GuardedPool, OutboundPolicy, finish
 from gateway.tokens import new_id
 from gateway.vault.envelope import VaultError
-from gateway.vault.keyring import Keyring, KeyringError
+from gateway.vault.keyring import KeyringError, KeySource
 from gateway.webhooks import signing
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent, WorkerHeartbeat
 
@@ -124,7 +124,7 @@ class Dispatcher:
     transaction: under load, many outcomes per commit; when idle, each at once.
     """
 
-    def __init__(self, engine: Engine, clock: Clock, keyring: Keyring, policy: OutboundPolicy,
+    def __init__(self, engine: Engine, clock: Clock, keyring: KeySource, policy: OutboundPolicy,
                  *, concurrency: int = 8, rng: random.Random | None = None,
                  send_timeout: float = SEND_TIMEOUT_SECONDS, lease: timedelta = LEASE,
                  worker_id: str | None = None) -> None:

@@ -20,7 +20,7 @@ from gateway.outbound import BlockedDestination, OutboundPolicy, guarded_session
 from gateway.pagination import timestamp
 from gateway.tokens import new_id
 from gateway.vault.envelope import VaultError
-from gateway.vault.keyring import Keyring, KeyringError
+from gateway.vault.keyring import KeyringError, KeySource
 from gateway.webhooks import signing
 from gateway.webhooks.dispatcher import CANNOT_SIGN
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent, WorkerHeartbeat
@@ -111,7 +111,7 @@ def stalled(connection: Connection, now: datetime, lease: timedelta) -> str | No
             f"looked for them {looked}: is `gateway worker` running?")
 
 
-def send_ping(session: Session, clock: Clock, keyring: Keyring, policy: OutboundPolicy,
+def send_ping(session: Session, clock: Clock, keyring: KeySource, policy: OutboundPolicy,
               client: Client, *, actor: str) -> dict[str, Any]:
     """Send a signed ``ping`` to the client's webhook URL now; what came back."""
     if not client.webhook_url:

@@ -356,9 +356,9 @@ def _purged(w: World) -> Expected:
 
 
 @case("key rotation, keyring in the environment")
-def _rotation_prepared(w: World) -> Expected:
+def _rotated_in_environment(w: World) -> Expected:
     w.cli("keys", "rotate")
-    return Expected("keys.rotation_prepared", OPERATOR, "v2", None)
+    return Expected("keys.rotated", OPERATOR, "v2", None)
 
 
 @case("key rotation, keyring file")

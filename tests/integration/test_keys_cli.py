@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import signal
 import subprocess
 import time
@@ -16,11 +17,15 @@ from sqlalchemy.orm import Session
 
 from gateway import db
 from gateway.clients.models import Client
+from gateway.clock import SystemClock
 from gateway.credentials.models import Credential
 from gateway.credentials.service import binding, reveal_secret
 from gateway.elicitations.models import Elicitation
+from gateway.vault import versions as key_versions
 from gateway.vault.envelope import seal
-from gateway.vault.keyring import parse_keyring, read_keyring_file
+from gateway.vault.keyring import read_keyring_file
+from gateway.vault.models import VaultInstance
+from gateway.vault.versions import KeyVersions
 from tests.integration.conftest import GATEWAY, Result
 
 pytestmark = pytest.mark.slow
@@ -31,7 +36,7 @@ NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
 @pytest.fixture
 def base_environ(base_environ: dict[str, str]) -> dict[str, str]:
-    """The instance keyring file, not the environment: rotation edits it."""
+    """The instance keyring file, not the environment: rotation leaves it as it is."""
     return {k: v for k, v in base_environ.items() if k != "GATEWAY_ENCRYPTION_KEYS"}
 
 
@@ -85,11 +90,18 @@ def stored(engine: Engine, keyring_file: Path) -> dict[str, str]:
 
 
 def versions(engine: Engine) -> dict[int, int]:
-    # A reader, as the rewrap's writes must not wait for this look.
+    # A read only: on SQLite it must not queue for the write lock, which a rewrap
+    # committing batch after batch takes again before a waiting poller gets it.
     with Session(db.for_reads(engine)) as session:
         rows = session.execute(select(Credential.key_version, func.count())
                                .group_by(Credential.key_version)).all()
         return {row[0]: row[1] for row in rows}
+
+
+def stored_versions(engine: Engine) -> list[int]:
+    """The key versions in the database, newest first."""
+    with Session(engine) as session:
+        return sorted(key_versions.stored(session), reverse=True)
 
 
 def ok(result: Result) -> str:
@@ -101,8 +113,11 @@ def test_rotate_rewrap_interrupted_resume_and_retire_lose_nothing(
     invoke_gateway: Callable[..., Result], cli_environ: dict[str, str], tmp_path: Path,
     engine: Engine, keyring_file: Path, stored: dict[str, str],
 ) -> None:
+    keyring_text = keyring_file.read_text()
     ok(invoke_gateway("keys", "rotate"))
-    assert read_keyring_file(keyring_file).current_version == 2
+    assert stored_versions(engine) == [2, 1]
+    # The new version is in the database, sealed by the root key: the file is as it was.
+    assert keyring_file.read_text() == keyring_text
     assert keyring_file.stat().st_mode & 0o077 == 0
     assert "v1 is" not in ok(invoke_gateway("keys", "list"))
 
@@ -127,8 +142,10 @@ def test_rotate_rewrap_interrupted_resume_and_retire_lose_nothing(
     assert versions(engine) == {2: COUNT}
 
     ok(invoke_gateway("keys", "retire", "v1"))
-    keyring = read_keyring_file(keyring_file)
-    assert set(keyring.keys) == {2}
+    assert stored_versions(engine) == [2]
+    # What opens them: the keyring file (the root key) and the database's versions.
+    keyring = KeyVersions(engine, lambda: read_keyring_file(keyring_file), SystemClock(),
+                          role="test")
     with Session(engine) as session:
         for credential in session.scalars(select(Credential)):
             assert reveal_secret(keyring, credential) == stored[credential.id]
@@ -142,12 +159,65 @@ def test_retiring_the_current_version_is_refused(
     assert "current version" in result.stderr
 
 
-def test_an_environment_keyring_is_rotated_by_the_operator(
-    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str],
+def test_an_environment_keyring_needs_no_change_to_rotate(
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str], engine: Engine,
 ) -> None:
     entry = f"v1:{base64.b64encode(b'e' * 32).decode()}"
-    result = ok(invoke_gateway("keys", "rotate",
-                               env={**cli_environ, "GATEWAY_ENCRYPTION_KEYS": entry}))
-    new_value = result.split("Set it to:")[1].split()[0]
-    rotated = parse_keyring(new_value.split(","), "printed")
-    assert set(rotated.keys) == {1, 2}
+    environ = {**cli_environ, "GATEWAY_ENCRYPTION_KEYS": entry}
+    result = ok(invoke_gateway("keys", "rotate", env=environ))
+    assert "v2" in result
+    assert entry.split(":")[1] not in result
+    assert stored_versions(engine) == [2, 1]
+    listed = json.loads(ok(invoke_gateway("keys", "list", "--json", env=environ)))
+    assert [(v["version"], v["current"]) for v in listed["versions"]] == [
+        ("v2", True), ("v1", False)]
+    assert listed["root"] == "v1"
+
+
+@pytest.mark.parametrize("name", ["v1", "1"])
+def test_retiring_is_refused_while_a_running_instance_still_wraps_with_the_version(
+    invoke_gateway: Callable[..., Result], engine: Engine, keyring_file: Path, name: str,
+) -> None:
+    running = KeyVersions(engine, lambda: read_keyring_file(keyring_file), SystemClock(),
+                          role="web")
+    assert running.current_version == 1  # and its heartbeat says so
+    ok(invoke_gateway("keys", "rotate"))
+    # No secret uses v1, but the instance may seal one with it any moment.
+    refused = invoke_gateway("keys", "retire", name)
+    assert refused.code == 1
+    assert "still wrap new secrets with v1" in refused.stderr
+    assert stored_versions(engine) == [2, 1]
+    listed = json.loads(ok(invoke_gateway("keys", "list", "--json")))
+    assert [i["wraps_with"] for i in listed["instances"]] == ["v1"]
+    status = json.loads(ok(invoke_gateway("status", "--json")))["keys"]
+    assert (status["current"], status["stored_in"]) == (2, "database")
+    assert [(i["role"], i["wraps_with"]) for i in status["instances"]] == [("web", "v1")]
+
+    running.refresh()  # as it does by itself within REFRESH
+    ok(invoke_gateway("keys", "retire", name))
+    assert stored_versions(engine) == [2]
+
+
+def test_a_heartbeat_gone_stale_no_longer_holds_a_version(
+    invoke_gateway: Callable[..., Result], engine: Engine, keyring_file: Path,
+) -> None:
+    stopped = KeyVersions(engine, lambda: read_keyring_file(keyring_file), SystemClock(),
+                          role="web")
+    assert stopped.current_version == 1
+    ok(invoke_gateway("keys", "rotate"))
+    with Session(engine) as session, session.begin():
+        for beat in session.scalars(select(VaultInstance)):
+            beat.seen_at -= key_versions.HEARTBEAT_FRESH
+    ok(invoke_gateway("keys", "retire", "v1"))
+    assert stored_versions(engine) == [2]
+
+
+def test_retiring_a_version_that_is_not_there_is_refused(
+    invoke_gateway: Callable[..., Result], keyring_file: Path,
+) -> None:
+    ok(invoke_gateway("keys", "rotate"))
+    for name in ("v7", "7"):
+        refused = invoke_gateway("keys", "retire", name)
+        assert refused.code == 1
+        assert "v7 is not a key version" in refused.stderr
+    assert invoke_gateway("keys", "retire", "seven").code != 0

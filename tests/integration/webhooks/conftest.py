@@ -20,7 +20,7 @@ from sqlalchemy import select
 from gateway import db
 from gateway.clock import Clock
 from gateway.outbound import OutboundPolicy
-from gateway.vault.keyring import load_keyring
+from gateway.vault import versions
 from gateway.webhooks import service
 from gateway.webhooks.dispatcher import Dispatcher
 from gateway.webhooks.models import WebhookAttempt, WebhookEvent
@@ -174,13 +174,15 @@ def base_environ(base_environ: dict[str, str], receiver: Receiver) -> dict[str, 
 
 @pytest.fixture
 def make_dispatcher(app: Flask) -> Callable[..., Dispatcher]:
-    """Dispatchers on the app's database, sending through the guarded client."""
+    """Dispatchers on the app's database, keyed as a worker is, sending through the guard."""
 
     def make(clock: Clock | None = None, concurrency: int = 4,
              policy: OutboundPolicy | None = None, **options: Any) -> Dispatcher:
         settings = app.extensions["gateway.settings"]
-        return Dispatcher(db.engine_of(app), clock or app.extensions["gateway.clock"],
-                          load_keyring(settings), policy or OutboundPolicy.from_settings(settings),
+        clock = clock or app.extensions["gateway.clock"]
+        keys = versions.for_command(settings, db.engine_of(app), clock, role="worker")
+        return Dispatcher(db.engine_of(app), clock, keys,
+                          policy or OutboundPolicy.from_settings(settings),
                           concurrency=concurrency, **options)
 
     return make

@@ -1,0 +1,131 @@
+"""Key rotation while the gateway serves: `gateway keys rotate`, `rewrap` and `retire` run
+beside running apps, and no reveal fails, with no restart, on one instance or two."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from flask import Flask
+from sqlalchemy import select
+
+from gateway import db
+from gateway.app import create_app
+from gateway.clock import FixedClock
+from gateway.credentials.models import Credential
+from gateway.settings import Settings
+from gateway.vault import versions
+from tests.conftest import Api, client_for
+from tests.integration.conftest import Result
+from tests.integration.portal.conftest import Browser
+
+Capture = Callable[[str, str], str]
+
+
+def ok(result: Result) -> str:
+    assert result.code == 0, result.stderr
+    return result.stdout
+
+
+@pytest.fixture
+def capture(app: Flask, link_for: Callable[..., dict[str, Any]],
+            make_user: Callable[..., str]) -> Capture:
+    """A new user enters ``secret`` on the portal of ``app``; the id of the stored credential."""
+
+    def enter(username: str, secret: str) -> str:
+        make_user(username)
+        link = link_for(username)
+        user = Browser(client_for(app))
+        user.log_in(username)
+        answered = user.post_form(f"/e/{link['id']}", {"action": "submit", "secret": secret})
+        assert answered.status_code == 200, answered.get_data(as_text=True)
+        credential = sealed_for(app, link["id"])
+        return credential.id
+
+    return enter
+
+
+def sealed_for(app: Flask, elicitation_id: str) -> Credential:
+    with app.app_context():
+        found = db.session().scalar(select(Credential).where(
+            Credential.elicitation_id == elicitation_id))
+    assert found is not None
+    return found
+
+
+def key_version(app: Flask, credential_id: str) -> int:
+    with app.app_context():
+        found = db.session().get(Credential, credential_id)
+        assert found is not None
+        return found.key_version
+
+
+def failed_reveals(apis: list[Api], stored: dict[str, str]) -> list[str]:
+    """Reveal every stored secret through every app; what did not answer 200 with the secret."""
+    failed = []
+    for api in apis:
+        for credential_id, secret in stored.items():
+            answer = api.post(f"/api/v1/credentials/{credential_id}/reveal")
+            if answer.status_code != 200 or answer.get_json()["secret"] != secret:
+                failed.append(f"{credential_id}: {answer.status_code} "
+                              f"{answer.get_data(as_text=True)[:200]}")
+    return failed
+
+
+@pytest.fixture
+def other_app(settings: Settings, clock: FixedClock) -> Iterator[Flask]:
+    """A second instance on the same database and keyring, as behind a load balancer."""
+    application = create_app(settings, clock=FixedClock(clock.now()))
+    application.config["TESTING"] = True
+    yield application
+    application.extensions["gateway.engine"].dispose()
+
+
+def test_reveals_keep_opening_through_rotate_rewrap_and_retire_without_a_restart(
+    app: Flask, api: Api, capture: Capture, clock: FixedClock,
+    invoke_gateway: Callable[..., Result],
+) -> None:
+    stored = {capture("alice", "sk-before-rotation"): "sk-before-rotation"}
+    assert failed_reveals([api], stored) == []
+
+    ok(invoke_gateway("keys", "rotate"))
+    assert failed_reveals([api], stored) == []
+    # The app reads the versions again within REFRESH; until then it wraps with v1.
+    during = capture("bob", "sk-during-rotation")
+    stored[during] = "sk-during-rotation"
+    assert key_version(app, during) == 1
+
+    ok(invoke_gateway("keys", "rewrap"))
+    assert {key_version(app, c) for c in stored} == {2}
+    assert failed_reveals([api], stored) == []  # the same app object, never restarted
+
+    clock.advance(seconds=versions.REFRESH.total_seconds())
+    after = capture("carol", "sk-after-rotation")
+    stored[after] = "sk-after-rotation"
+    assert key_version(app, after) == 2
+
+    ok(invoke_gateway("keys", "retire", "v1"))
+    assert failed_reveals([api], stored) == []
+
+
+def test_two_instances_open_what_the_other_and_the_command_line_sealed(
+    app: Flask, other_app: Flask, api: Api, capture: Capture, clock: FixedClock,
+    invoke_gateway: Callable[..., Result],
+) -> None:
+    apis = [api, Api(client_for(other_app), api.token)]
+    stored = {capture("alice", "sk-one"): "sk-one"}
+    assert failed_reveals(apis, stored) == []
+
+    ok(invoke_gateway("keys", "rotate"))
+    clock.advance(seconds=versions.REFRESH.total_seconds())  # the first app moves to v2
+    newer = capture("bob", "sk-two")
+    stored[newer] = "sk-two"
+    assert key_version(app, newer) == 2
+    # The other instance never saw v2 before: it reads the versions again to open it.
+    assert failed_reveals(apis, stored) == []
+
+    ok(invoke_gateway("keys", "rewrap"))
+    assert failed_reveals(apis, stored) == []
+    ok(invoke_gateway("keys", "retire", "v1"))
+    assert failed_reveals(apis, stored) == []
