@@ -108,6 +108,14 @@ def clean_database(database_url: str) -> Iterator[str]:
         engine.dispose()
 
 
+@pytest.fixture
+def engine(clean_database: str) -> Iterator[Engine]:
+    """An engine of its own on the test's database, as a command or another process has."""
+    engine = db.make_engine(clean_database)
+    yield engine
+    engine.dispose()
+
+
 def gateway_environ(instance_path: Path, database_url: str, public_url: str) -> dict[str, str]:
     """The settings every test gateway runs with: its folder, database, origin and test secrets."""
     return {

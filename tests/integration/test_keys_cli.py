@@ -7,7 +7,7 @@ import json
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -38,13 +38,6 @@ NOW = datetime(2026, 12, 1, tzinfo=UTC)
 def base_environ(base_environ: dict[str, str]) -> dict[str, str]:
     """The instance keyring file, not the environment: rotation leaves it as it is."""
     return {k: v for k, v in base_environ.items() if k != "GATEWAY_ENCRYPTION_KEYS"}
-
-
-@pytest.fixture
-def engine(clean_database: str) -> Iterator[Engine]:
-    engine = db.make_engine(clean_database)
-    yield engine
-    engine.dispose()
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway import db
 from gateway.audit.models import AuditEvent
 from gateway.clients.models import Client
 from gateway.clock import FixedClock
@@ -24,13 +23,6 @@ from gateway.elicitations.lifecycle import (
 from gateway.elicitations.models import Elicitation
 
 START = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def engine(clean_database: str) -> Iterator[Engine]:
-    engine = db.make_engine(clean_database)
-    yield engine
-    engine.dispose()
 
 
 @pytest.fixture

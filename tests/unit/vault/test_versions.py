@@ -11,7 +11,6 @@ import pytest
 from sqlalchemy import Engine, event, select, text
 from sqlalchemy.orm import Session
 
-from gateway import db
 from gateway.clock import FixedClock
 from gateway.vault import versions
 from gateway.vault.envelope import bind, reveal_plaintext, seal
@@ -21,13 +20,6 @@ from gateway.vault.versions import KeyVersions
 
 ROOT = Keyring({1: b"r" * 32})
 ROW = bind(credential_id="cr_1", client_id="cl_1")
-
-
-@pytest.fixture
-def engine(clean_database: str) -> Iterator[Engine]:
-    engine = db.make_engine(clean_database)
-    yield engine
-    engine.dispose()
 
 
 @pytest.fixture
