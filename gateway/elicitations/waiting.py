@@ -42,6 +42,7 @@ class WaitHub:
 
     def __init__(self, engine: Engine, slots: int = DEFAULT_SLOTS) -> None:
         self._engine = engine
+        self._reader = for_reads(engine)  # made once: it runs at every wake-up
         self._slots = threading.BoundedSemaphore(max(1, slots))
         self._lock = threading.Lock()
         self._waiters: defaultdict[str, set[threading.Event]] = defaultdict(set)
@@ -105,7 +106,7 @@ class WaitHub:
         with self._lock:
             watched = list(self._waiters)
         ended: list[str] = []
-        with for_reads(self._engine).connect() as connection:
+        with self._reader.connect() as connection:
             for start in range(0, len(watched), _BATCH):
                 batch = watched[start:start + _BATCH]
                 ended += connection.scalars(select(Elicitation.id).where(

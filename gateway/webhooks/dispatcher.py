@@ -133,6 +133,7 @@ class Dispatcher:
         if not 0 < send_timeout < lease.total_seconds() / 3:
             raise ValueError("a send must time out well within the lease")
         self._engine = engine
+        self._reader = for_reads(engine)  # made once: it runs at every wake-up
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._clock = clock
         self._keyring = keyring
@@ -285,7 +286,7 @@ class Dispatcher:
         # with nothing due (the signal also fires for other changes) then
         # begins no write transaction, and on SQLite takes no write lock from
         # the requests that are writing.
-        with for_reads(self._engine).connect() as reader:
+        with self._reader.connect() as reader:
             if reader.scalar(due.limit(1)) is None:
                 return []
         if self._engine.dialect.name == "postgresql":
