@@ -49,5 +49,5 @@ def revoke(credential_id: str, subject: Subject) -> Response:
                 subject.iss, subject.sub):
             raise NotFound("There is no such key in your account.")
         service.revoke(session, current_clock(), credential, actor=actor_of(subject),
-                       source_ip=request.remote_addr)
+                       source_ip=request.remote_addr, reason=service.Reason.USER)
     return redirect("/account?revoked=1", code=303)
