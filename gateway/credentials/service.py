@@ -166,15 +166,22 @@ def capture(session: Session, clock: Clock, elicitation: Elicitation, credential
                           "elicitation_id": elicitation.id})
     return lifecycle.transition(session, clock, elicitation, Status.COMPLETED, actor=actor,
                                 source_ip=source_ip, details={"credential_id": credential.id},
-                                event_data={"credential": summary(credential)})
+                                event_data={"credential": summary(credential,
+                                                                     asked=elicitation.scopes)})
 
 
-def summary(credential: Credential) -> dict[str, Any]:
-    """What a webhook event tells of a credential: never a secret or a token."""
+def summary(credential: Credential, *, asked: list[str] | None = None) -> dict[str, Any]:
+    """What a webhook event tells of a credential: never a secret or a token.
+
+    For a connection: the account, the scopes granted, and those asked for
+    that the provider did not grant.
+    """
     described: dict[str, Any] = {"id": credential.id, "type": credential.type,
                                  "hint": credential.hint}
     if credential.kind == "oauth":
-        described.update(account=credential.account, scopes=credential.scopes or [])
+        granted = credential.scopes or []
+        described.update(account=credential.account, scopes=granted,
+                         missing_scopes=[scope for scope in asked or [] if scope not in granted])
     return described
 
 
