@@ -181,8 +181,13 @@ def summary(credential: Credential, *, asked: list[str] | None = None) -> dict[s
     if credential.kind == "oauth":
         granted = credential.scopes or []
         described.update(account=credential.account, scopes=granted,
-                         missing_scopes=[scope for scope in asked or [] if scope not in granted])
+                         missing_scopes=missing_scopes(asked, granted))
     return described
+
+
+def missing_scopes(asked: list[str] | None, granted: list[str]) -> list[str]:
+    """The scopes asked for that the provider did not grant."""
+    return [scope for scope in asked or [] if scope not in granted]
 
 
 def _another_live_key(error: IntegrityError) -> bool:

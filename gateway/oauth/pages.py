@@ -14,8 +14,8 @@ from flask import render_template
 
 from gateway.credentials.catalog import CredentialType
 from gateway.credentials.models import Credential
+from gateway.credentials.service import missing_scopes
 from gateway.elicitations.models import Elicitation
-from gateway.oauth import service
 from gateway.oauth.provider import ProviderUnavailable, provider_for
 from gateway.web.context import client_name
 from gateway.web.headers import csp_allow_here
@@ -53,4 +53,4 @@ def connected_page(elicitation: Elicitation, credential_type: CredentialType | N
         "oauth_connected.html", client_name=client_name(elicitation.client_id),
         label=credential_type.label if credential_type else credential.type,
         account=credential.account, scopes=credential.scopes or [],
-        missing=service.missing_scopes(elicitation.scopes, credential.scopes or []))
+        missing=missing_scopes(elicitation.scopes, credential.scopes or []))

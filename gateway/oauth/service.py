@@ -127,11 +127,6 @@ def provider_error_text(error: str) -> str:
     return PROVIDER_ERRORS.get(error, MISCONFIGURED)
 
 
-def missing_scopes(asked: list[str] | None, granted: list[str]) -> list[str]:
-    """The scopes asked for that the provider did not grant."""
-    return [scope for scope in asked or [] if scope not in granted]
-
-
 def claims_of(provider: Provider, answer: dict[str, Any], scopes: tuple[str, ...],
               nonce: str, clock: Clock) -> dict[str, Any]:
     """Who the user is at the provider: userinfo, else a checked ID token, else nothing."""
