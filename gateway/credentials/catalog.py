@@ -299,7 +299,8 @@ def _parse_oauth(where: str, table: Any, context: _Context) -> OAuthProvider:
         client_id=_string(where, table, "client_id", required=True) or "",
         client_secret=secret, scopes=scopes, allow_extra_scopes=allow_extra,
         token_auth_method=method,
-        account_fields=(account_field,) if account_field else ("login", "email", "sub"),
+        # The subject names an account when the configured field is not granted.
+        account_fields=(account_field, "sub") if account_field else ("login", "email", "sub"),
         extra_authorize_params=tuple(sorted(extra.items())), timeout_seconds=float(timeout),
         **urls)
 

@@ -350,3 +350,18 @@ def test_reconnecting_supersedes_the_previous_connection(
     assert len(credentials) == 2
     assert sorted(c.revoked_reason or "live" for c in credentials) == ["live", "superseded"]
 
+
+
+def test_the_account_page_lists_the_connection_beside_keys(
+    app: Flask, alices: Browser, connection_for: Callable[..., dict[str, Any]],
+    oidc_provider: OidcProvider,
+) -> None:
+    link = connection_for("alice", scopes=["openid", "repo"])
+    back = oidc_provider.connect_login(start(alices, link["id"]), "alice")
+    assert alices.get(path_of(back)).status_code == 200
+    page = alices.get("/account").get_data(as_text=True)
+    connected = page[page.index("Connected accounts"):]
+    assert "Example account <code>alice</code>" in connected
+    assert "<code>repo</code>" in connected
+    assert "Disconnect" in connected
+    assert "You have no stored keys." in page
