@@ -21,7 +21,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import update
+from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 
 from gateway.audit import service as audit
@@ -136,3 +136,9 @@ def claims_of(provider: Provider, answer: dict[str, Any], scopes: tuple[str, ...
         claims = provider.id_token_claims(id_token, nonce, clock.now())
     userinfo = provider.userinfo(answer["access_token"])
     return {**claims, **userinfo}
+
+
+def forget_expired_states(session: Session, clock: Clock) -> int:
+    """Delete the states whose link has expired: no return can use them any more."""
+    gone = session.execute(delete(OAuthState).where(OAuthState.expires_at <= clock.now()))
+    return int(gone.rowcount or 0)

@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from flask import Flask
 from sqlalchemy import select
+from sqlalchemy.orm import sessionmaker
 
 from gateway import db
 from gateway.audit.models import AuditEvent
@@ -26,6 +27,7 @@ from gateway.oauth.tokens import reveal_token_set
 from gateway.settings import Settings
 from gateway.vault.keyring import current_keyring
 from gateway.webhooks.models import WebhookEvent
+from gateway.worker import sweep
 from tests.conftest import Api
 from tests.integration.portal.conftest import Browser
 from tests.oidc.fixtures import OidcProvider, new_session
@@ -365,3 +367,16 @@ def test_the_account_page_lists_the_connection_beside_keys(
     assert "<code>repo</code>" in connected
     assert "Disconnect" in connected
     assert "You have no stored keys." in page
+
+
+def test_the_sweeper_forgets_the_states_of_expired_links(
+    app: Flask, alices: Browser, connection_for: Callable[..., dict[str, Any]], clock: Any,
+) -> None:
+    start(alices, connection_for("alice", ttl_seconds=60)["id"])
+    kept = connection_for("alice", ttl_seconds=600)
+    start(alices, kept["id"])
+    clock.advance(seconds=61)
+    with app.app_context():
+        sweep(sessionmaker(app.extensions["gateway.engine"]), clock)
+    [left] = rows(app, OAuthState)
+    assert left.elicitation_id == kept["id"]
