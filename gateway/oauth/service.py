@@ -19,9 +19,9 @@ from __future__ import annotations
 import hmac
 import secrets
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
-from sqlalchemy import delete, update
+from sqlalchemy import CursorResult, delete, update
 from sqlalchemy.orm import Session
 
 from gateway.audit import service as audit
@@ -140,5 +140,7 @@ def claims_of(provider: Provider, answer: dict[str, Any], scopes: tuple[str, ...
 
 def forget_expired_states(session: Session, clock: Clock) -> int:
     """Delete the states whose link has expired: no return can use them any more."""
-    gone = session.execute(delete(OAuthState).where(OAuthState.expires_at <= clock.now()))
-    return int(gone.rowcount or 0)
+    # A DELETE's result is a CursorResult, which counts its rows.
+    gone = cast(CursorResult[Any], session.execute(
+        delete(OAuthState).where(OAuthState.expires_at <= clock.now())))
+    return gone.rowcount
