@@ -211,8 +211,8 @@ def _parse_type(path: Path, type_id: str, table: Any, context: _Context) -> Cred
         if "oauth" not in table:
             raise CatalogError(f"{where}: an oauth type needs an [{type_id}.oauth] table")
         return CredentialType(type_id, label or type_id, _string(where, table, "help") or "",
-                              link, oauth=_parse_oauth(f"{where}.oauth", table["oauth"],
-                                                       context))
+                              link, oauth=_parse_oauth(f"{path}: [{type_id}.oauth]",
+                                                       table["oauth"], context))
     if kind != "api_key":
         raise CatalogError(f"{where}: kind is api_key or oauth")
     if "oauth" in table:
@@ -227,7 +227,7 @@ def _parse_type(path: Path, type_id: str, table: Any, context: _Context) -> Cred
     max_length = _integer(where, table, "max_length", MAX_KEY_LENGTH)
     if not 1 <= min_length <= max_length <= MAX_KEY_LENGTH:
         raise CatalogError(f"{where}: need 1 <= min_length <= max_length <= {MAX_KEY_LENGTH}")
-    check = _parse_check(f"{where}.check", table["check"]) if "check" in table else None
+    check = _parse_check(f"{path}: [{type_id}.check]", table["check"]) if "check" in table else None
     return CredentialType(type_id, label or type_id, _string(where, table, "help") or "",
                           link, pattern, min_length, max_length, check)
 
