@@ -30,7 +30,7 @@ from gateway.elicitations.models import Elicitation
 from gateway.elicitations.service import WrongAccount
 from gateway.errors import GatewayError
 from gateway.oauth.models import OAuthState
-from gateway.oauth.provider import Provider
+from gateway.oauth.provider import Provider, ProviderUnavailable
 from gateway.settings import Secret
 from gateway.tokens import keyed_digest
 
@@ -135,6 +135,11 @@ def claims_of(provider: Provider, answer: dict[str, Any], scopes: tuple[str, ...
     if provider.is_openid(scopes) and isinstance(id_token, str):
         claims = provider.id_token_claims(id_token, nonce, clock.now())
     userinfo = provider.userinfo(answer["access_token"])
+    # OpenID Connect Core 1.0, section 5.3.2: userinfo about another user
+    # than the ID token's must not be used.
+    if "sub" in claims and "sub" in userinfo and userinfo["sub"] != claims["sub"]:
+        raise ProviderUnavailable("The provider's userinfo names another user than its ID "
+                                  "token.")
     return {**claims, **userinfo}
 
 
