@@ -380,3 +380,18 @@ def test_the_sweeper_forgets_the_states_of_expired_links(
         sweep(sessionmaker(app.extensions["gateway.engine"]), clock)
     [left] = rows(app, OAuthState)
     assert left.elicitation_id == kept["id"]
+
+
+@pytest.mark.parametrize("fault", ["wrong_nonce", "bad_signature", "wrong_audience", "expired"])
+def test_an_id_token_that_does_not_check_out_stores_nothing(
+    app: Flask, alices: Browser, connection_for: Callable[..., dict[str, Any]],
+    oidc_provider: OidcProvider, fault: str,
+) -> None:
+    link = connection_for("alice")
+    back = oidc_provider.connect_login(start(alices, link["id"]), "alice")
+    oidc_provider.set_fault(fault)
+    page = alices.get(path_of(back))
+    assert page.status_code == 400
+    assert "ID token" in page.get_data(as_text=True)
+    assert rows(app, Credential) == []
+    assert status_of(app, link["id"]) == "opened"
