@@ -71,23 +71,23 @@ class ShortHeaders:
         view = current_app.view_functions.get(request.endpoint or "")
         if allows_plain_http(view):
             return  # health probes come straight from a load balancer, not through the proxy
-        for header in list(self._unsaid):
+        for header in _FALLBACKS:
             value = request.headers.get(header)
             entries = parse_list_header(value) if value else []
             if len(entries) < self.hops and self._first(header):
                 self._warn(header, len(entries))
 
     def _first(self, header: str) -> bool:
+        # Two threads may find the same header short at once; one of them says so.
         with self._lock:
-            if header not in self._unsaid:
-                return False
+            first = header in self._unsaid
             self._unsaid.discard(header)
-            return True
+        return first
 
     def _warn(self, header: str, count: int) -> None:
         fallback, key = _FALLBACKS[header]
-        # ProxyFix keeps the original values aside; without it the environ holds them.
-        original = request.environ.get("werkzeug.proxy_fix.orig", request.environ)
+        # What the request held before ProxyFix, which keeps it aside.
+        original = request.environ["werkzeug.proxy_fix.orig"]
         carried = "no " + header if count == 0 else \
             f"{count} {header} {'entry' if count == 1 else 'entries'}"
         log.warning("%s=%d but the request carried %s: using %s %s instead (said once per "

@@ -113,6 +113,18 @@ def test_a_missing_x_forwarded_proto_is_said_once_too(
         "setting it?)"]
 
 
+def test_each_short_header_is_said_once_whatever_follows(
+    make_app: Callable[[int], Flask], caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = client_for(make_app(1), "http://gateway.test")
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            client.get("/", environ_base={"REMOTE_ADDR": PROXY})
+    assert [message.split(":", 1)[0] for message in warnings_of(caplog)] == [
+        "GATEWAY_PROXY_HOPS=1 but the request carried no X-Forwarded-For",
+        "GATEWAY_PROXY_HOPS=1 but the request carried no X-Forwarded-Proto"]
+
+
 def test_health_probes_without_the_headers_are_not_reported(
     make_app: Callable[[int], Flask], caplog: pytest.LogCaptureFixture,
 ) -> None:
