@@ -95,6 +95,7 @@ def test_behind_a_proxy_plain_http_pages_redirect_and_the_api_refuses(
     start_server: Callable[..., Server], cli_environ: dict[str, str],
 ) -> None:
     server = start_server("--no-tls", env={**cli_environ, "GATEWAY_PROXY_HOPS": "1"})
+    assert "GATEWAY_PROXY_HOPS=1: trusting the last entry of X-Forwarded-For" in server.output()
     forwarded_http = {"X-Forwarded-Proto": "http", "X-Forwarded-For": "203.0.113.9"}
     page = get(server, "/e/abc?x=1", None, forwarded_http)
     assert page.status == 301
