@@ -23,9 +23,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -240,18 +240,54 @@ def gateway(chromium_path: Path, database_url: str, stripe_stub: StripeStub,
         server.api_token, server.client_name = client["api_token"], client["name"]
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop(process)
         # Leave the run's database empty, as every other test does.
         engine = db.make_engine(database_url)
         try:
             _empty_tables(engine)
         finally:
             engine.dispose()
+
+
+@contextmanager
+def serve_alongside(gateway: Gateway, name: str, settings: Mapping[str, str], *,
+                    also_reach: Sequence[str] = ()) -> Iterator[Gateway]:
+    """A second ``gateway serve`` on the first one's database, with ``settings`` changed.
+
+    It has an origin of its own and serves the first one's certificate, which
+    the browser already trusts; it runs no outbox worker (the first one
+    delivers for both). ``also_reach`` lists plain-http development hosts
+    (``host:port``) it may reach besides those the first one may.
+    """
+    port = free_port()
+    origin = f"https://localhost:{port}"
+    insecure = filter(None, (gateway.environ.get("GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS"),
+                             *also_reach))
+    environ = {**gateway.environ, "GATEWAY_PUBLIC_URL": origin, **settings,
+               "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS": ",".join(insecure)}
+    certfile, keyfile = dev_certificate_paths(gateway.workdir / "instance")
+    log = gateway.workdir / f"serve-{name}.log"
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            [*GATEWAY, "serve", "--port", str(port), "--workers", "1", "--threads", "8",
+             "--certfile", str(certfile), "--keyfile", str(keyfile), "--no-worker"],
+            env=environ, cwd=gateway.workdir, stdout=handle, stderr=subprocess.STDOUT,
+            text=True)
+    server = replace(gateway, origin=origin, environ=environ, process=process, log=log)
+    try:
+        _wait_until_healthy(server)
+        yield server
+    finally:
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _wait_until_healthy(server: Gateway, timeout: float = 30) -> None:
