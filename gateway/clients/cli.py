@@ -18,7 +18,7 @@ from gateway.pagination import timestamp
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
-@click.group()
+@click.group(cls=cli.Group)
 def clients() -> None:
     """MCP servers allowed to create elicitations."""
 

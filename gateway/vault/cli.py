@@ -46,7 +46,7 @@ def _usage(session: Session) -> dict[int, int]:
     return counts
 
 
-@click.group()
+@click.group(cls=cli.Group)
 def keys() -> None:
     """Key-encryption keys of the vault."""
 
