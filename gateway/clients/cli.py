@@ -138,6 +138,19 @@ def rotate_webhook_secret(client: str, as_json: bool) -> None:
                 "the new one within that time.", fg="yellow")
 
 
+@clients.command(name="set-webhook-url")
+@click.argument("client")
+@click.argument("url")
+def set_webhook_url(client: str, url: str) -> None:
+    """Send a client's webhooks to another URL, those waiting for a retry included."""
+    settings = cli.settings()
+    with cli.transaction() as session:
+        found = service.change_webhook_url(session, SystemClock(), client_ref=client,
+                                           webhook_url=url, actor=cli.operator(),
+                                           policy=OutboundPolicy.from_settings(settings))
+    click.echo(f"client {found.id} ({found.name}) sends its webhooks to {url}")
+
+
 @clients.command()
 @click.argument("client")
 def disable(client: str) -> None:
