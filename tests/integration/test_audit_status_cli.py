@@ -142,3 +142,14 @@ def test_status_says_when_the_identity_provider_does_not_answer(
         "problem": f"the identity provider cannot be reached at http://{silent}/.well-known/"
                    "openid-configuration (ConnectionError); logins fail until that is fixed",
         "refuses_start": False}]
+
+
+def test_status_names_a_malformed_development_host_list(
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str],
+) -> None:
+    result = invoke_gateway("status", "--json", env={
+        **cli_environ, "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS": "localhost"})
+    assert result.code == 1
+    assert json.loads(result.stdout)["configuration"] == [{
+        "setting": "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS",
+        "problem": "expected host:port entries, got 'localhost'", "refuses_start": True}]

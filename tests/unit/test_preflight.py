@@ -7,6 +7,7 @@ import http.server
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,6 +30,9 @@ class Discovery(http.server.BaseHTTPRequestHandler):
     body = b""
 
     def do_GET(self) -> None:
+        if self.status == 0:  # a provider that takes its time
+            time.sleep(1)
+            return
         origin = f"http://127.0.0.1:{self.server.server_address[1]}"
         body = self.body.replace(b"ISSUER", origin.encode())
         self.send_response(self.status)
@@ -126,6 +130,19 @@ def test_an_unreachable_provider_is_a_warning(tmp_path: Path) -> None:
         f"GATEWAY_OIDC_ISSUER: the identity provider cannot be reached at {issuer}/.well-known/"
         "openid-configuration (ConnectionError); logins fail until that is fixed")
     assert issuer_problems(settings, reach=False) == []
+
+
+def test_a_slow_provider_is_a_warning(
+    tmp_path: Path, provider: Callable[[int, bytes], str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(preflight, "ISSUER_TIMEOUT_SECONDS", 0.2)
+    issuer = provider(0, b"")
+    settings = oidc_settings(tmp_path, issuer, allow=issuer.removeprefix("http://"))
+    [problem] = issuer_problems(settings)
+    assert not problem.refuses_start
+    assert problem.problem == (f"the identity provider did not answer {issuer}/.well-known/"
+                               "openid-configuration within 0.2 s; logins fail until that is "
+                               "fixed")
 
 
 @pytest.mark.parametrize(("status", "body", "said"), [
