@@ -17,7 +17,7 @@ from gateway.errors import NotFound
 _AGE = re.compile(r"([1-9][0-9]*)([dh])")
 
 
-@click.group()
+@click.group(cls=cli.Group)
 def credentials() -> None:
     """Keys users stored, for the operator: list, revoke, purge."""
 
