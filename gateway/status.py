@@ -73,7 +73,7 @@ def _oauth(settings: Settings) -> dict[str, Any]:
     found: dict[str, Any] = {"redirect_uri": settings.public_url + CALLBACK_PATH}
     try:
         found["types"] = catalog_of(settings).ids_of("oauth")
-    except CatalogError as error:
+    except (CatalogError, SettingsError) as error:
         found["error"] = str(error)
     return found
 
