@@ -124,12 +124,13 @@ def connect(app: Flask, settings: Settings, clock: FixedClock, mcp: Registered,
             oidc_provider: OidcProvider) -> Callable[..., Connection]:
     """Connect ``username``'s account at the provider for the MCP server, as the callback does.
 
-    The provider's counters start from zero afterwards, so a test counts only
-    its own refreshes.
+    ``answer`` stores that token response instead of the provider's. The
+    provider's counters start from zero afterwards, so a test counts only its
+    own refreshes.
     """
 
-    def make(username: str = "alice") -> Connection:
-        answer = oidc_provider.connect_tokens(username, scope=SCOPE)
+    def make(username: str = "alice", answer: dict[str, Any] | None = None) -> Connection:
+        answer = answer or oidc_provider.connect_tokens(username, scope=SCOPE)
         now = clock.now()
         with app.app_context(), db.transaction() as session:
             elicitation = Elicitation(

@@ -9,6 +9,7 @@ import os
 import threading
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from sqlalchemy import update
 from werkzeug.test import TestResponse
 
 from gateway import db
+from gateway.app import create_app
 from gateway.clock import FixedClock
 from gateway.credentials import service
 from gateway.credentials.catalog import current_catalog
@@ -291,3 +293,35 @@ def test_a_lease_whose_holder_died_is_taken_over_once_it_runs_out(
     assert refresh_calls(oidc_provider) == 1
     row = stored(app, connection.id)
     assert (row.refresh_lease_until, row.refresh_lease_holder) == (None, None)
+
+
+def test_a_token_set_without_a_refresh_token_is_handed_out_as_stored(
+    api: Api, connect: Callable[..., Connection], oidc_provider: OidcProvider,
+    clock: FixedClock,
+) -> None:
+    answer = {**oidc_provider.connect_tokens("alice", scope=SCOPE)}
+    del answer["refresh_token"]
+    connection = connect("alice", answer=answer)
+    clock.advance(seconds=TOKEN_SECONDS + 1)  # expired, and nothing to refresh it with
+    revealed = reveal(api, connection)
+    assert revealed.status_code == 200, revealed.get_data(as_text=True)
+    assert revealed.get_json()["secret"] == connection.access_token
+    assert refresh_calls(oidc_provider) == 0
+
+
+def test_a_connection_whose_type_left_the_catalog_is_handed_out_as_stored(
+    connect: Callable[..., Connection], mcp: Registered, oidc_provider: OidcProvider,
+    make_settings: Callable[..., Settings], clock: FixedClock, tmp_path: Path,
+) -> None:
+    connection = connect("alice")
+    without = tmp_path / "without-example.toml"
+    without.write_text('[generic]\nlabel = "API key"\n')
+    trimmed = create_app(make_settings(GATEWAY_CREDENTIAL_TYPES_FILE=str(without)), clock=clock)
+    try:
+        expire_soon(clock)
+        revealed = reveal(Api(client_for(trimmed), mcp.api_token), connection)
+    finally:
+        trimmed.extensions["gateway.engine"].dispose()
+    assert revealed.status_code == 200, revealed.get_data(as_text=True)
+    assert revealed.get_json()["secret"] == connection.access_token
+    assert refresh_calls(oidc_provider) == 0
