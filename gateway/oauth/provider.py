@@ -48,6 +48,8 @@ MAX_ANSWER: Final = 64 * 1024
 DISCOVERY_TTL_SECONDS: Final = 3600
 EXTENSION: Final = "gateway.oauth.providers"
 CALLBACK_PATH: Final = "/oauth/callback"
+# How a revocation's outcome begins when the provider gave no answer.
+NO_ANSWER: Final = "the provider did not answer"
 
 
 class ProviderUnavailable(GatewayError):
@@ -166,7 +168,7 @@ class Provider:
         try:
             endpoint = self.endpoints().revocation
         except ProviderUnavailable as error:
-            return f"the provider's discovery failed: {error.detail}"
+            return f"{NO_ANSWER}: its discovery failed ({error.detail})"
         if endpoint is None:
             return "the provider has no revocation endpoint"
         with self._client() as client:
@@ -175,7 +177,7 @@ class Provider:
                                              timeout=self._timeout())
             except (requests.RequestException, BlockedDestination) as error:
                 log.warning("%s: revocation failed: %s", self.type_id, type(error).__name__)
-                return f"the provider did not answer ({type(error).__name__})"
+                return f"{NO_ANSWER} ({type(error).__name__})"
             status = answer.status_code
             answer.close()
         # RFC 7009 section 2.2: 200 whether or not the token was still valid.

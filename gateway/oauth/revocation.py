@@ -23,7 +23,7 @@ from gateway.clock import Clock
 from gateway.credentials import service
 from gateway.credentials.catalog import CatalogError
 from gateway.credentials.models import Credential
-from gateway.oauth.provider import Provider
+from gateway.oauth.provider import NO_ANSWER, Provider
 from gateway.oauth.tokens import KIND, TokenSet, reveal_token_set
 from gateway.vault.envelope import VaultError
 from gateway.vault.keyring import KeyringError, KeySource
@@ -37,12 +37,15 @@ def revoke_tokens(provider: Provider, tokens: TokenSet) -> str:
     """Revoke the refresh token, then the access token; what the provider answered.
 
     The refresh token first: once it is gone no new access token can be
-    minted, whatever happens to the second request.
+    minted, whatever happens to the second request. A provider that did not
+    answer the first is not waited for a second time.
     """
     outcomes = []
     if tokens.refresh_token is not None:
         outcomes.append(("refresh token", provider.revoke(tokens.refresh_token,
                                                           "refresh_token")))
+        if outcomes[0][1].startswith(NO_ANSWER):
+            return outcomes[0][1]
     outcomes.append(("access token", provider.revoke(tokens.access_token, "access_token")))
     if len({outcome for _, outcome in outcomes}) == 1:
         return outcomes[0][1]
