@@ -96,18 +96,29 @@ class Credential:
 
 @dataclass(frozen=True, slots=True)
 class RevealedCredential:
-    """A credential's plaintext secret. Its repr masks the secret, so a log line cannot leak it."""
+    """A credential's plaintext secret. Its repr masks the secret, so a log line cannot leak it.
+
+    For an OAuth connection ``secret`` is a working access token, and the
+    other fields say how to send it, until when, with which scopes and for
+    which account; an API key leaves them None.
+    """
 
     id: str
     type: str
     secret: str = field(repr=False)
+    token_type: str | None = None
+    expires_at: str | None = None
+    scopes: list[str] | None = None
+    account: str | None = None
 
     def __repr__(self) -> str:
         return f"RevealedCredential(id={self.id!r}, type={self.type!r}, secret='***')"
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RevealedCredential:
-        return cls(id=data["id"], type=data["type"], secret=data["secret"])
+        return cls(id=data["id"], type=data["type"], secret=data["secret"],
+                   token_type=data.get("token_type"), expires_at=data.get("expires_at"),
+                   scopes=data.get("scopes"), account=data.get("account"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,8 +32,20 @@ class CredentialPage(BaseModel):
 
 
 class RevealedCredential(BaseModel):
-    """The plaintext key, for the client that asked for it."""
+    """The plaintext key, or a connection's access token, for the client that asked for it.
+
+    An OAuth connection's answer adds the last four fields; an API key's never has them.
+    """
 
     id: str
     type: str
-    secret: str
+    secret: Annotated[str, Field(description="The key; for an OAuth connection its access "
+                                             "token, refreshed first if it was about to expire")]
+    token_type: Annotated[str | None, Field(description="OAuth: how to send the token, "
+                                                        "usually Bearer")] = None
+    expires_at: Annotated[str | None, Field(description="OAuth: when the access token "
+                                                        "expires; null if the provider did "
+                                                        "not say")] = None
+    scopes: Annotated[list[str] | None, Field(description="OAuth: the scopes granted")] = None
+    account: Annotated[str | None, Field(description="OAuth: the account connected, as the "
+                                                     "provider names it")] = None

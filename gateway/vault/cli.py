@@ -135,8 +135,12 @@ def _rewrap_to(keyring: Keyring, current: int, limit: int | None, pending: int,
                              "run `gateway keys rewrap` again")
                 size = BATCH if limit is None else min(BATCH, limit - moved)
                 with cli.transaction() as session:
+                    # Locked (PostgreSQL): a connection's refresh may seal a new
+                    # token set into a row meanwhile, and the rewrapped key of the
+                    # old one must not be written beside it.
                     rows = session.scalars(select(model).where(model.key_version != current)
-                                           .order_by(model.id).limit(size)).all()
+                                           .order_by(model.id).limit(size)
+                                           .with_for_update()).all()
                     for row in rows:
                         row.envelope = rewrap_envelope(keyring, row.envelope, binding(row))
                 if not rows:
