@@ -115,17 +115,26 @@ def transaction() -> Iterator[Session]:
 
 def key_versions() -> KeyVersions:
     """The vault's key versions for this command, its keyring read now; one line if it is bad."""
+    from gateway.vault.keyring import KeyringError
+
+    try:
+        return open_key_versions()
+    except KeyringError as error:
+        fail(str(error))
+
+
+def open_key_versions() -> KeyVersions:
+    """The vault's key versions for this command; raises KeyringError if the keyring is bad.
+
+    For a command that can go on without the vault, saying what it could not do.
+    """
     from gateway.clock import SystemClock
     from gateway.db import make_engine
     from gateway.vault import versions
-    from gateway.vault.keyring import KeyringError
 
     engine = make_engine(settings().database_url)
     click.get_current_context().call_on_close(engine.dispose)
-    try:
-        return versions.for_command(settings(), engine, SystemClock(), role="cli")
-    except KeyringError as error:
-        fail(str(error))
+    return versions.for_command(settings(), engine, SystemClock(), role="cli")
 
 
 def echo_json(value: Any) -> None:

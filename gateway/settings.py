@@ -89,6 +89,7 @@ class Settings:
     log_level: str = "info"
     log_format: str = "text"
     credential_types_file: Path | None = None
+    oauth_refresh_margin_seconds: int = 60
     session_idle_minutes: int = 15
     webhook_secret_grace_hours: int = 24
     webhook_concurrency: int = 8
@@ -270,6 +271,7 @@ def _validate(values: dict[str, Any]) -> Settings:
         if values.get(key, 1) < 1:
             raise SettingsError(env_name(key), "must be 1 or more")
     _check_lease(values)
+    _check_refresh_margin(values)
     if values.get("login_backend") == "oidc":
         for key in ("oidc_issuer", "oidc_client_id", "oidc_client_secret"):
             if not values.get(key):
@@ -294,6 +296,18 @@ def _check_lease(values: dict[str, Any]) -> None:
     if lease <= 3 * timeout:
         raise SettingsError(env_name(lease_key), f"must be more than three times "
                             f"{env_name(timeout_key)} ({timeout}); got {lease}")
+
+
+MAX_REFRESH_MARGIN_SECONDS: Final = 3600
+
+
+def _check_refresh_margin(values: dict[str, Any]) -> None:
+    # Access tokens commonly live an hour: a margin as long would refresh
+    # nearly every token at nearly every reveal.
+    margin = values.get("oauth_refresh_margin_seconds", 0)
+    if not 0 <= margin <= MAX_REFRESH_MARGIN_SECONDS:
+        raise SettingsError(env_name("oauth_refresh_margin_seconds"),
+                            f"must be from 0 to {MAX_REFRESH_MARGIN_SECONDS}; got {margin}")
 
 
 def check_public_url(url: str) -> str:

@@ -29,7 +29,7 @@ from joserfc import jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
-from gateway.credentials.catalog import CredentialType, OAuthProvider
+from gateway.credentials.catalog import CredentialType, OAuthProvider, current_catalog
 from gateway.errors import GatewayError
 from gateway.identity.oidc import ALLOWED_ALGORITHMS, failed_claim
 from gateway.outbound import (
@@ -158,8 +158,15 @@ class Provider:
     # --- revocation (RFC 7009) and userinfo ----------------------------------------------
 
     def revoke(self, token: str, hint: str) -> str:
-        """Ask the provider to revoke a token; what happened, in a few words for the audit trail."""
-        endpoint = self.endpoints().revocation
+        """Ask the provider to revoke a token; what happened, in a few words for the audit trail.
+
+        It never raises for a provider that fails: a revocation here goes on
+        whatever the provider does.
+        """
+        try:
+            endpoint = self.endpoints().revocation
+        except ProviderUnavailable as error:
+            return f"the provider's discovery failed: {error.detail}"
         if endpoint is None:
             return "the provider has no revocation endpoint"
         with self._client() as client:
@@ -345,6 +352,14 @@ def providers() -> dict[str, Provider]:
     if found is None:
         found = current_app.extensions.setdefault(EXTENSION, {})
     return found
+
+
+def provider_of(type_id: str) -> Provider | None:
+    """The provider client of a type in this app's catalog; None unless it is an OAuth type."""
+    credential_type = current_catalog().get(type_id)
+    if credential_type is None or credential_type.oauth is None:
+        return None
+    return provider_for(credential_type)
 
 
 def provider_for(credential_type: CredentialType) -> Provider:
