@@ -34,6 +34,7 @@ from gateway.clients import service as clients
 from gateway.clock import SystemClock
 from gateway.credentials import service as credentials
 from gateway.credentials.catalog import current_catalog
+from gateway.credentials.models import Credential
 from gateway.elicitations.models import Elicitation
 from gateway.identity import service as identity
 from gateway.oauth.tokens import seal_connection
@@ -119,6 +120,14 @@ class ServedGateway:
             credentials.capture(session, clock, elicitation, credential, actor="test",
                                 source_ip=None)
             return credential.id
+
+    def refresh_refused(self, credential_id: str) -> None:
+        """The provider refused to refresh the connection, so the gateway revoked it."""
+        with self.app.app_context(), db.transaction() as session:
+            credential = session.get(Credential, credential_id)
+            assert credential is not None
+            credentials.revoke(session, SystemClock(), credential, actor="test",
+                               source_ip=None, reason=credentials.Reason.REFRESH_FAILED)
 
     def user(self, prefix: str = "alice") -> str:
         """A new local account with the test password; its user name (its ``sub``)."""

@@ -167,8 +167,6 @@ def test_the_oauth_tool_says_when_the_gateway_has_no_such_oauth_type(
     assert f"this gateway knows {OAUTH_TYPE}" in text_of(result)
 
 
-@pytest.mark.xfail(strict=False, reason="the reveal route answers an OAuth connection with its "
-                   "access token once the token refresh work is merged")
 def test_the_oauth_tool_names_the_connected_account_until_the_provider_revokes_it(
     served: ServedGateway, user: User, userinfo_url: str,
 ) -> None:

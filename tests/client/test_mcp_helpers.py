@@ -33,7 +33,7 @@ from mcp_types import (
     TextContent,
 )
 
-from gateway.client import GatewayClient, ReconnectRequired, RevealedCredential, Subject
+from gateway.client import GatewayClient, RevealedCredential, Subject
 from gateway.client.mcp import CompletionNotifier, GatewayElicitations
 from tests.client.conftest import OAUTH_TYPE, ServedGateway, User
 
@@ -370,8 +370,6 @@ async def never_asked(_context: Any, _params: ElicitRequestURLParams) -> ElicitR
     pytest.fail("the user was asked although a connection is stored")
 
 
-@pytest.mark.xfail(strict=False, reason="the reveal route answers an OAuth connection with its "
-                   "access token once the token refresh work is merged")
 @pytest.mark.parametrize("mode", [LEGACY, MODERN])
 def test_a_stored_connection_gives_its_token_without_asking(setup: Setup, mode: str) -> None:
     connect(setup)
@@ -415,8 +413,6 @@ def test_legacy_with_no_connection_the_tool_answers_minus_32042(setup: Setup) ->
     assert setup.notifier.watching(asked.id)
 
 
-@pytest.mark.xfail(strict=False, reason="the reveal route answers an OAuth connection with its "
-                   "access token once the token refresh work is merged")
 def test_modern_the_user_connects_and_the_retry_gets_the_token(setup: Setup) -> None:
     async def on_elicit(_context: Any, params: ElicitRequestURLParams) -> ElicitResult:
         elicitation_id = params.url.rsplit("/", 1)[-1]
@@ -429,22 +425,19 @@ def test_modern_the_user_connects_and_the_retry_gets_the_token(setup: Setup) -> 
     assert setup.tool_runs == [MODERN, MODERN]
 
 
-class RefreshRefused(GatewayClient):
-    """A gateway whose provider refuses every refresh: each reveal revokes and says so."""
-
-    def reveal_credential(self, credential_id: str) -> RevealedCredential:
-        # What the gateway does when the provider answers invalid_grant.
-        self.revoke_credential(credential_id)
-        raise ReconnectRequired(409, {
-            "type": "urn:gateway:problem:reconnect-required",
-            "title": "The user must connect the account again",
-            "detail": "the provider refused to refresh the connection"})
-
-
 @pytest.mark.parametrize("mode", [LEGACY, MODERN])
 def test_a_connection_the_provider_will_not_refresh_is_asked_for_again(
     served: ServedGateway, user: User, mode: str,
 ) -> None:
+    class RefreshRefused(GatewayClient):
+        """A gateway whose provider refuses the refresh the next reveal needs."""
+
+        def reveal_credential(self, credential_id: str) -> RevealedCredential:
+            # The gateway revokes a connection whose refresh was refused (invalid_grant),
+            # then answers its reveal with 409 reconnect-required.
+            served.refresh_refused(credential_id)
+            return super().reveal_credential(credential_id)
+
     setup = make_setup(served, user, client_class=RefreshRefused)
     old = connect(setup)
 
@@ -465,4 +458,4 @@ def test_a_connection_the_provider_will_not_refresh_is_asked_for_again(
     assert (newest.status, newest.scopes) == ("pending", ["read:user"])
     assert setup.gateway.find_credential(setup.subject, OAUTH_TYPE) is None
     [revoked] = setup.gateway.list_credentials(subject=setup.subject, include_revoked=True)
-    assert revoked.id == old
+    assert (revoked.id, revoked.revoked_reason) == (old, "refresh-failed")

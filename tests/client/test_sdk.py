@@ -296,8 +296,6 @@ def test_a_connection_is_listed_with_its_account_and_scopes(
     assert (key.kind, key.scopes) == ("api_key", None)
 
 
-@pytest.mark.xfail(strict=False, reason="the reveal route answers an OAuth connection with its "
-                   "access token once the token refresh work is merged")
 def test_revealing_a_connection_gives_its_access_token(
     gateway: GatewayClient, served: ServedGateway, user: User,
 ) -> None:
@@ -312,6 +310,20 @@ def test_revealing_a_connection_gives_its_access_token(
     assert revealed.expires_at is not None
     assert revealed.expires_at.endswith("Z")
     assert token not in repr(revealed)
+
+
+def test_a_connection_whose_refresh_was_refused_asks_for_reconnecting(
+    gateway: GatewayClient, served: ServedGateway, user: User,
+) -> None:
+    subject = subject_of(served, user)
+    asked = gateway.request_oauth(subject, OAUTH_TYPE, "Connect")
+    credential_id = served.connect_account(asked.id, "gho_" + "e" * 36, account="octocat")
+    served.refresh_refused(credential_id)
+    with pytest.raises(ReconnectRequired) as refused:
+        gateway.reveal_credential(credential_id)
+    assert (refused.value.status, refused.value.code) == (409, "reconnect-required")
+    [revoked] = gateway.list_credentials(subject=subject, include_revoked=True)
+    assert (revoked.status, revoked.revoked_reason) == ("revoked", "refresh-failed")
 
 
 def test_a_revealed_connection_carries_its_oauth_fields_and_a_key_none() -> None:
