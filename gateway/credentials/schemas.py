@@ -16,12 +16,19 @@ class CredentialView(BaseModel):
 
     id: str
     type: str
-    hint: Annotated[str, Field(description="The last characters, to recognise the key")]
+    kind: Literal["api_key", "oauth"]
+    hint: Annotated[str, Field(description="The last characters of a key, or the account "
+                                           "of a connection, to recognise it")]
     status: Literal["active", "revoked"]
     subject: Subject
     elicitation_id: str
     created_at: str
     revoked_at: str | None
+    revoked_reason: Annotated[
+        Literal["user", "client", "operator", "superseded", "refresh-failed"] | None,
+        Field(description="Who or what revoked it")]
+    account: Annotated[str | None, Field(description="oauth: the account the user connected")]
+    scopes: Annotated[list[str] | None, Field(description="oauth: the scopes granted")]
 
 
 class CredentialPage(BaseModel):

@@ -221,9 +221,11 @@ def reveal_secret(keyring: KeySource, credential: Credential) -> str:
 
 def represent(credential: Credential) -> dict[str, Any]:
     """A credential's metadata as the API shows it; never the secret."""
+    oauth = credential.kind == "oauth"
     return {
         "id": credential.id,
         "type": credential.type,
+        "kind": credential.kind,
         "hint": credential.hint,
         "status": "active" if credential.live else "revoked",
         "subject": {"iss": credential.subject_iss, "sub": credential.subject_sub},
@@ -231,6 +233,10 @@ def represent(credential: Credential) -> dict[str, Any]:
         "created_at": timestamp(credential.created_at),
         "revoked_at": timestamp(credential.revoked_at),
         "revoked_reason": credential.revoked_reason,
+        # An OAuth connection's account and granted scopes, so an MCP server
+        # can tell connections apart without revealing (and refreshing) one.
+        "account": credential.account if oauth else None,
+        "scopes": (credential.scopes or []) if oauth else None,
     }
 
 

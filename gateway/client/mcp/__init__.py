@@ -1,11 +1,11 @@
 """Helpers for MCP servers built on the official ``mcp`` SDK (``pip install 'gateway[mcp]'``).
 
-:class:`GatewayElicitations` asks for API keys and payments from inside a
-tool, choosing per request between the 2025-11-25 form (error -32042 and
-``notifications/elicitation/complete``) and the 2026-07-28 form
-(``InputRequiredResult`` and ``requestState``). :class:`CompletionNotifier`
-turns the gateway's webhooks into completion notifications. :func:`subject_of`
-names the signed-in user as the gateway needs them.
+:class:`GatewayElicitations` asks for API keys, OAuth connections and
+payments from inside a tool, choosing per request between the 2025-11-25
+form (error -32042 and ``notifications/elicitation/complete``) and the
+2026-07-28 form (``InputRequiredResult`` and ``requestState``).
+:class:`CompletionNotifier` turns the gateway's webhooks into completion
+notifications. :func:`subject_of` names the signed-in user as the gateway needs them.
 """
 
 from gateway.client.mcp.elicit import (
