@@ -222,7 +222,8 @@ def to_the_provider_and_back(parties: Parties, provider: OidcProvider) -> tuple[
                      303, "POST /e/<id>/connect")
     try:
         # A new provider session each time: the login and the consent page, every time.
-        back = provider.connect_login(pressed.headers["Location"], "alice", session=new_session())
+        back = provider.connect_login(pressed.headers["Location"], USERNAME,
+                                      session=new_session())
     except OidcLoginError as error:
         raise servers.BenchSetupError("the login at the provider failed", str(error)) from None
     if not back.startswith(f"{base_url}/oauth/callback?"):
