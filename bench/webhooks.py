@@ -158,12 +158,17 @@ def create_client(environ: dict[str, str], folder: Path, url: str) -> dict[str, 
 
 
 @contextmanager
-def worker(instance: Instance, name: str) -> Iterator[subprocess.Popen[bytes]]:
-    """A ``gateway worker`` process, started and listening; stopped with SIGTERM after."""
-    log = instance.folder / f"{name}.log"
+def worker(environ: dict[str, str], folder: Path,
+           name: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A ``gateway worker`` process, started and listening; stopped with SIGTERM after.
+
+    ``environ`` must set GATEWAY_LOG_LEVEL=info: the worker's "worker started"
+    line is how its start is seen.
+    """
+    log = folder / f"{name}.log"
     with log.open("wb") as output:
-        process = subprocess.Popen([*servers.GATEWAY_COMMAND, "worker"], env=instance.environ,
-                                   cwd=instance.folder, stdout=output,
+        process = subprocess.Popen([*servers.GATEWAY_COMMAND, "worker"], env=environ,
+                                   cwd=folder, stdout=output,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + WORKER_START_TIMEOUT_S
@@ -201,6 +206,14 @@ def pending_elicitations(instance: Instance, count: int) -> list[str]:
 # --- phase 1: latency at a steady rate --------------------------------------------------
 
 
+def percentile(values: list[float], share: float) -> float:
+    """The value ``share`` of the way up the sorted ``values`` (nearest rank); NaN for none."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
 @dataclass
 class Latency:
     rate: float
@@ -212,10 +225,7 @@ class Latency:
     latencies_ms: list[float]
 
     def percentile(self, share: float) -> float:
-        if not self.latencies_ms:
-            return float("nan")
-        ordered = sorted(self.latencies_ms)
-        return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+        return percentile(self.latencies_ms, share)
 
 
 def cancel_at_rate(instance: Instance, ids: list[str], rate: float) -> dict[str, float]:
@@ -239,7 +249,7 @@ def measure_latency(instance: Instance, receiver: Receiver, rate: float,
                     seconds: float) -> Latency:
     warmup = pending_elicitations(instance, round(rate * WARMUP_S))
     measured = pending_elicitations(instance, round(rate * seconds))
-    with worker(instance, "worker-latency"):
+    with worker(instance.environ, instance.folder, "worker-latency"):
         cancel_at_rate(instance, warmup, rate)
         began = time.monotonic()
         committed = cancel_at_rate(instance, measured, rate)
@@ -304,7 +314,7 @@ def measure_throughput(instance: Instance, receiver: Receiver, events: int) -> T
     receiver.reset()
     enqueue_backlog(instance, events)
     started = time.monotonic()
-    with worker(instance, "worker-throughput") as process:
+    with worker(instance.environ, instance.folder, "worker-throughput") as process:
         cpu_before = cpu_seconds(process.pid)
         deadline = time.monotonic() + max(60.0, events / 50)
         while receiver.count() < events and time.monotonic() < deadline:

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -101,6 +102,10 @@ def node_modules_stamp() -> Path:
     return NODE_MODULES / f".installed-{digest}"
 
 
+class NodeUnavailable(Exception):
+    """Node.js, npm or the provider's node modules are missing and cannot be had here."""
+
+
 def _unavailable(reason: str) -> NoReturn:
     # A developer without Node.js skips these tests; CI must run them.
     if os.environ.get("CI"):
@@ -108,13 +113,23 @@ def _unavailable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
-def _ensure_node_modules() -> None:
+def node_command() -> str:
+    """The ``node`` to run the provider with; :class:`NodeUnavailable` when there is none."""
+    node = shutil.which("node")
+    if node is None:
+        raise NodeUnavailable("Node.js (node) is not installed: the OpenID Connect provider "
+                              "cannot run")
+    return node
+
+
+def install_node_modules() -> None:
+    """``npm ci`` in tests/oidc, unless node_modules was installed from the current lockfile."""
     stamp = node_modules_stamp()
     if stamp.exists():
         return
     npm = shutil.which("npm")
     if npm is None:
-        _unavailable("npm is not installed: cannot install tests/oidc/node_modules")
+        raise NodeUnavailable("npm is not installed: cannot install tests/oidc/node_modules")
     try:
         subprocess.run(
             [npm, "ci", "--no-audit", "--no-fund"],
@@ -125,9 +140,11 @@ def _ensure_node_modules() -> None:
             timeout=600,
         )
     except subprocess.CalledProcessError as error:
-        _unavailable(f"npm ci in tests/oidc failed:\n{error.stdout}{error.stderr}")
+        raise NodeUnavailable(
+            f"npm ci in tests/oidc failed:\n{error.stdout}{error.stderr}"
+        ) from None
     except subprocess.TimeoutExpired:
-        _unavailable("npm ci in tests/oidc timed out")
+        raise NodeUnavailable("npm ci in tests/oidc timed out") from None
     stamp.touch()
 
 
@@ -577,15 +594,14 @@ def _free_port() -> int:
         return port
 
 
-@pytest.fixture(scope="session")
-def oidc_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcProvider]:
-    """oidc-provider on 127.0.0.1 (plain HTTP), running for the whole test session."""
-    node = shutil.which("node")
-    if node is None:
-        _unavailable("Node.js (node) is not installed: the OpenID Connect provider cannot run")
-    _ensure_node_modules()
+@contextmanager
+def running_provider(node: str, log_path: Path) -> Iterator[OidcProvider]:
+    """oidc-provider under ``node`` on 127.0.0.1 (plain HTTP), logging to ``log_path``.
 
-    log_path = tmp_path_factory.mktemp("oidc") / "provider.log"
+    Its node modules must be installed (:func:`install_node_modules`). Raises
+    RuntimeError when it does not start; stops it afterwards. The test session
+    runs one (the ``oidc_provider`` fixture); bench/oauth_callback.py runs its own.
+    """
     other_redirect_uris = (OTHER_REDIRECT_URI, f"http://127.0.0.1:{_free_port()}/callback")
     env = {
         **os.environ,
@@ -632,6 +648,18 @@ def oidc_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcProv
             process.wait()
         if process.stdout is not None:
             process.stdout.close()
+
+
+@pytest.fixture(scope="session")
+def oidc_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcProvider]:
+    """oidc-provider on 127.0.0.1 (plain HTTP), running for the whole test session."""
+    try:
+        node = node_command()
+        install_node_modules()
+    except NodeUnavailable as error:
+        _unavailable(str(error))
+    with running_provider(node, tmp_path_factory.mktemp("oidc") / "provider.log") as provider:
+        yield provider
 
 
 @pytest.fixture(autouse=True)
