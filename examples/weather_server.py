@@ -13,6 +13,10 @@ in to the gateway, can answer the link.
            OIDC_ISSUER=https://auth.example.com OIDC_AUDIENCE=weather-mcp
     python examples/weather_server.py --port 8000
 
+When the gateway refuses a call (payments not configured, a revoked API
+token) or does not answer, the tool call ends as a tool error in the
+gateway's own words, which the MCP client shows its user.
+
 Endpoints: ``/mcp`` (MCP, bearer token required) and ``/webhooks/gateway``
 (the gateway's signed webhooks; register it with ``gateway clients create
 --webhook-url``). The README's "The example server" runs it beside ``gateway
