@@ -189,7 +189,7 @@ def main() -> None:
     missing = [name for name in ("OIDC_ISSUER", "OIDC_CLIENT_ID", "OIDC_CLIENT_SECRET")
                if not os.environ.get(name)]
     if missing:
-        raise SystemExit(f"set {', '.join(missing)} (see the README)")
+        raise SystemExit(f"set {', '.join(missing)} (see docs/sdk.md)")
 
     def show(what: str, url: str) -> None:
         print(f"{what}: {url}", flush=True)

@@ -19,8 +19,8 @@ gateway's own words, which the MCP client shows its user.
 
 Endpoints: ``/mcp`` (MCP, bearer token required) and ``/webhooks/gateway``
 (the gateway's signed webhooks; register it with ``gateway clients create
---webhook-url``). The README's "The example server" runs it beside ``gateway
-demo``, with weather_client.py as the user's MCP client.
+--webhook-url``). "The example server" in docs/sdk.md runs it beside
+``gateway demo``, with weather_client.py as the user's MCP client.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class Config:
         missing = [name for name in ("GATEWAY_URL", "GATEWAY_API_TOKEN", "GATEWAY_WEBHOOK_SECRET",
                                      "OIDC_ISSUER", "OIDC_AUDIENCE") if not env.get(name)]
         if missing:
-            raise SystemExit(f"set {', '.join(missing)} (see the README)")
+            raise SystemExit(f"set {', '.join(missing)} (see docs/sdk.md)")
         return cls(env["GATEWAY_URL"], env["GATEWAY_API_TOKEN"], env["GATEWAY_WEBHOOK_SECRET"],
                    env["OIDC_ISSUER"], env["OIDC_AUDIENCE"],
                    public_url=env.get("MCP_PUBLIC_URL", cls.public_url),

@@ -17,6 +17,7 @@ from gateway.identity import views as identity
 from gateway.identity.sessions import ServerSessionInterface
 from gateway.identity.web import page_subject
 from gateway.metrics import views as metrics
+from gateway.oauth import views as oauth
 from gateway.payments import stripe_gateway
 from gateway.payments import views as payments
 from gateway.payments.stripe_gateway import Stripe
@@ -86,6 +87,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.register_blueprint(account.blueprint)
     app.register_blueprint(metrics.blueprint)
     app.register_blueprint(payments.blueprint)
+    app.register_blueprint(oauth.blueprint)
     # Stripe signs its webhook (checked in the view); it has no CSRF token to send.
     csrf.exempt(payments.stripe_webhook)
     app.extensions["gateway.waits"] = WaitHub(db.engine_of(app), slots=wait_slots)

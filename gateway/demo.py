@@ -27,7 +27,7 @@ from gateway.client.webhooks import WebhookVerificationError, verify_webhook
 from gateway.clients import service as clients
 from gateway.clients.models import ClientIdentity
 from gateway.clock import SystemClock
-from gateway.credentials.catalog import catalog_path, load_catalog
+from gateway.credentials.catalog import catalog_of
 from gateway.db import make_engine
 from gateway.elicitations import service as elicitations
 from gateway.elicitations.schemas import create_adapter
@@ -110,7 +110,7 @@ def _seed(settings: Settings, receiver: str) -> tuple[str | None, str, str]:
         minted = clients.create_client(
             session, clock, keyring=versions.for_command(settings, engine, clock, role="demo"),
             pepper=settings.token_pepper,
-            catalog=load_catalog(catalog_path(settings)),
+            catalog=catalog_of(settings),
             name=f"Demo MCP server {datetime.now(UTC):%H%M%S}",
             webhook_url=f"http://{receiver}/hooks", credential_types=[],
             actor=cli.operator(), policy=OutboundPolicy.from_settings(settings))
@@ -130,7 +130,7 @@ def _ask_demo_user(session: Session, settings: Settings, client: ClientIdentity)
                    "key will do here; it is encrypted and never shown to the assistant."})
     outcome = elicitations.create(
         session, SystemClock(), elicitations.Caller(client, None),
-        request, catalog=load_catalog(catalog_path(settings)), payments_enabled=False,
+        request, catalog=catalog_of(settings), payments_enabled=False,
         public_url=settings.public_url, idempotency_key=None, request_digest="")
     url: str = outcome.body["url"]
     return url

@@ -600,3 +600,53 @@ def finish(response: BaseHTTPResponse) -> None:
     finally:
         DEADLINES.forget(connection)
         response.release_conn()
+
+
+# --- answers of bounded size ------------------------------------------------------------
+
+
+class AnswerTooLarge(requests.RequestException):
+    """The answer's body is longer than the caller allows."""
+
+
+class _BoundedBody:
+    """A response body that refuses to be read past ``limit`` bytes (decoded)."""
+
+    def __init__(self, raw: Any, limit: int) -> None:
+        self._raw = raw
+        self._left = limit
+
+    def read(self, amount: int | None = None, **_: Any) -> bytes:
+        chunk: bytes = self._raw.read(amount, decode_content=True)
+        self._left -= len(chunk)
+        if self._left < 0:
+            self._raw.close()
+            raise AnswerTooLarge("the answer is longer than allowed")
+        return chunk
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def release_conn(self) -> None:
+        self._raw.release_conn()
+
+
+def bound_answers(session: SessionT, limit: int) -> SessionT:
+    """Make every answer ``session`` receives refuse a body over ``limit`` bytes.
+
+    A response hook runs before requests reads the body, so a declared
+    length over the limit is refused unread, and an undeclared one stops as
+    soon as it passes the limit: a provider cannot make the gateway hold an
+    endless answer in memory.
+    """
+
+    def bound(response: Response, *args: Any, **kwargs: Any) -> Response:
+        declared = response.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > limit:
+            response.close()
+            raise AnswerTooLarge(f"the answer declares {declared} bytes, over {limit}")
+        response.raw = _BoundedBody(response.raw, limit)
+        return response
+
+    session.hooks["response"].append(bound)
+    return session

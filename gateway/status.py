@@ -14,11 +14,13 @@ from gateway import cli, migrations
 from gateway.clients.models import Client, WebhookSecret
 from gateway.clients.service import current_webhook_secrets, webhook_secret_binding
 from gateway.clock import SystemClock
+from gateway.credentials.catalog import CatalogError, catalog_of
 from gateway.credentials.models import Credential
 from gateway.credentials.service import binding as credential_binding
 from gateway.db import for_reads, make_engine
 from gateway.elicitations.lifecycle import Status
 from gateway.elicitations.models import Elicitation
+from gateway.oauth.provider import CALLBACK_PATH
 from gateway.pagination import timestamp
 from gateway.settings import Settings
 from gateway.vault import versions
@@ -59,7 +61,18 @@ def collect() -> dict[str, Any]:
             _check_key_versions(settings, root, keys)
         if "webhooks" in report:
             report["webhooks"]["unsigned_clients"] = _clients_that_cannot_sign(settings, root)
+    report["oauth"] = _oauth(settings)
     return report
+
+
+def _oauth(settings: Settings) -> dict[str, Any]:
+    """The one redirect URI to register with every provider, and the OAuth types using it."""
+    found: dict[str, Any] = {"redirect_uri": settings.public_url + CALLBACK_PATH}
+    try:
+        found["types"] = catalog_of(settings).ids_of("oauth")
+    except CatalogError as error:
+        found["error"] = str(error)
+    return found
 
 
 def _clients_that_cannot_sign(settings: Settings, root: Keyring) -> list[str]:
@@ -217,3 +230,9 @@ def _print(report: dict[str, Any]) -> None:
                   f"{hooks['failing_unsigned']} event(s) failing", "red")
         counts = ", ".join(f"{s} {n}" for s, n in report["elicitations"].items())
         _line("elicitations", counts)
+    oauth = report["oauth"]
+    if "error" in oauth:
+        _line("oauth", oauth["error"], "red")
+    else:
+        _line("oauth", f"redirect URI {oauth['redirect_uri']} (register it with every "
+              f"provider); types: {', '.join(oauth['types']) or 'none'}")

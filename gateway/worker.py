@@ -3,8 +3,9 @@
 Two loops, each in its thread: the webhook dispatcher, which sends the
 outbox, and the sweeper, which marks open elicitations whose time is up as
 expired (reads report them expired on time anyway; the sweep makes the
-state, its audit row and its webhook happen without anyone asking). Any
-number of workers may run against one database.
+state, its audit row and its webhook happen without anyone asking) and
+forgets the OAuth states of expired links. Any number of workers may run
+against one database.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from gateway import cli
 from gateway.clock import Clock, SystemClock
 from gateway.db import make_engine
 from gateway.elicitations.service import expire_overdue
+from gateway.oauth import service as oauth
 from gateway.outbound import OutboundPolicy
 from gateway.settings import Settings
 from gateway.vault import versions
@@ -35,8 +37,12 @@ SWEEP_SECONDS: Final = 5.0
 
 
 def sweep(factory: sessionmaker, clock: Clock) -> int:  # type: ignore[type-arg]
-    """One pass of the sweeper, in one transaction; how many elicitations expired."""
+    """One pass of the sweeper, in one transaction; how many elicitations expired.
+
+    It also forgets the OAuth states of expired links.
+    """
     with factory() as session, session.begin():
+        oauth.forget_expired_states(session, clock)
         return expire_overdue(session, clock)
 
 

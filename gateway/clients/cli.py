@@ -11,7 +11,7 @@ from gateway import cli
 from gateway.clients import service
 from gateway.clients.models import ApiToken, Client
 from gateway.clock import SystemClock
-from gateway.credentials.catalog import CatalogError, catalog_path, load_catalog
+from gateway.credentials.catalog import CatalogError, catalog_of
 from gateway.outbound import OutboundPolicy
 from gateway.pagination import timestamp
 
@@ -34,7 +34,7 @@ def create(name: str, webhook_url: str | None, credential_types: str, as_json: b
     settings = cli.settings()
     keyring = cli.key_versions()
     try:
-        catalog = load_catalog(catalog_path(settings))
+        catalog = catalog_of(settings)
     except CatalogError as error:
         cli.fail(str(error))
     types = [t.strip() for t in credential_types.split(",") if t.strip()]

@@ -74,6 +74,6 @@ def revoke(credential_id: str) -> Response:
     with db.transaction() as session:
         credential = service.get_for_client(session, current_client().id, credential_id)
         service.revoke(session, current_clock(), credential, actor=_actor(),
-                       source_ip=request.remote_addr)
+                       source_ip=request.remote_addr, reason=service.Reason.CLIENT)
         answer = service.represent(credential)
     return jsonify(answer)

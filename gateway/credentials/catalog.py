@@ -7,10 +7,11 @@ than failing later on some user's page.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -18,13 +19,27 @@ from urllib.parse import urlsplit
 from flask import current_app
 
 from gateway import resources
-from gateway.settings import Settings
+from gateway.outbound import DEFAULT_PORTS, OutboundPolicy
+from gateway.settings import Secret, Settings
 
 MAX_KEY_LENGTH: Final = 4096
 GENERIC: Final = "generic"
 EXTENSION: Final = "gateway.catalog"
 _ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,49}")
-_KEYS: Final = {"label", "help", "link", "pattern", "min_length", "max_length", "check"}
+_KEYS: Final = {"label", "help", "link", "kind", "pattern", "min_length", "max_length", "check",
+                 "oauth"}
+_API_KEY_ONLY: Final = ("pattern", "min_length", "max_length", "check")
+_OAUTH_KEYS: Final = {"authorization_url", "token_url", "revocation_url", "userinfo_url",
+                      "issuer", "scopes", "allow_extra_scopes", "client_id",
+                      "client_secret_env", "token_auth_method", "account_field",
+                      "extra_authorize_params", "timeout_seconds"}
+_AUTH_METHODS: Final = ("client_secret_basic", "client_secret_post", "none")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_SCOPE = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]{1,200}")  # RFC 6749 section 3.3
+# Parameters the gateway sets itself: a catalog may not override them.
+_RESERVED_PARAMS: Final = frozenset({"response_type", "client_id", "redirect_uri", "scope",
+                                     "state", "nonce", "code_challenge",
+                                     "code_challenge_method"})
 _CHECK_KEYS: Final = {"method", "url", "header", "value", "headers", "valid_status",
                       "invalid_status", "timeout_seconds"}
 KEY_PLACEHOLDER: Final = "{key}"
@@ -49,8 +64,37 @@ class LiveCheck:
 
 
 @dataclass(frozen=True, slots=True)
+class OAuthProvider:
+    """A third-party authorization server, and this gateway's client registration there.
+
+    Either ``issuer`` (OpenID Connect discovery fills in what is missing) or
+    both ``authorization_url`` and ``token_url`` are set.
+    """
+
+    client_id: str
+    client_secret: Secret | None  # None: a public client, PKCE only
+    scopes: tuple[str, ...] = ()
+    authorization_url: str | None = None
+    token_url: str | None = None
+    revocation_url: str | None = None
+    userinfo_url: str | None = None
+    issuer: str | None = None
+    allow_extra_scopes: bool = False
+    token_auth_method: str = "client_secret_basic"  # noqa: S105 (a method's name)
+    # The userinfo (or ID token) claims that name the account, first present wins.
+    account_fields: tuple[str, ...] = ("login", "email", "sub")
+    extra_authorize_params: tuple[tuple[str, str], ...] = ()
+    timeout_seconds: float = 10.0
+
+    @property
+    def host(self) -> str:
+        """The host the user is sent to, as the connect page shows it."""
+        return urlsplit(self.authorization_url or self.issuer or "").netloc
+
+
+@dataclass(frozen=True, slots=True)
 class CredentialType:
-    """One kind of key a user may be asked for."""
+    """One kind of key, or of third-party account, a user may be asked for."""
 
     id: str
     label: str
@@ -60,6 +104,12 @@ class CredentialType:
     min_length: int = 1
     max_length: int = MAX_KEY_LENGTH
     check: LiveCheck | None = None
+    oauth: OAuthProvider | None = field(default=None, repr=False)
+
+    @property
+    def kind(self) -> str:
+        """``api_key`` or ``oauth``: what an elicitation of this type asks for."""
+        return "oauth" if self.oauth is not None else "api_key"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,15 +131,25 @@ class Catalog:
     def ids(self) -> list[str]:
         return sorted(self.types)
 
+    def ids_of(self, kind: str) -> list[str]:
+        """The ids of the types of one kind, ``api_key`` or ``oauth``."""
+        return sorted(type_id for type_id, found in self.types.items() if found.kind == kind)
+
 
 def current_catalog() -> Catalog:
     """The catalog of the current app, read on first use."""
     catalog: Catalog | None = current_app.extensions.get(EXTENSION)
     if catalog is None:
-        settings: Settings = current_app.extensions["gateway.settings"]
-        catalog = load_catalog(catalog_path(settings))
+        catalog = catalog_of(current_app.extensions["gateway.settings"])
         current_app.extensions[EXTENSION] = catalog
     return catalog
+
+
+def catalog_of(settings: Settings, environ: Mapping[str, str] | None = None) -> Catalog:
+    """The catalog the settings name, checked against their outbound policy."""
+    policy = OutboundPolicy.from_settings(settings)
+    return load_catalog(catalog_path(settings), allows_insecure=policy.allows_insecure,
+                        environ=os.environ if environ is None else environ)
 
 
 def catalog_path(settings: Settings) -> Path:
@@ -97,8 +157,19 @@ def catalog_path(settings: Settings) -> Path:
     return settings.credential_types_file or resources.CONFIG / "credential_types.toml"
 
 
-def load_catalog(path: Path) -> Catalog:
-    """Read and validate the catalog file."""
+# Whether plain http may reach host:port (the development allow-list).
+InsecureCheck = Callable[[str, int], bool]
+
+
+def load_catalog(path: Path, *, allows_insecure: InsecureCheck = lambda host, port: False,
+                 environ: Mapping[str, str] | None = None) -> Catalog:
+    """Read and validate the catalog file.
+
+    An OAuth type's client secret is read from the environment variable the
+    type names (``environ``, the process environment by default); a type
+    whose variable is unset is refused, naming the variable.
+    """
+    context = _Context(allows_insecure, os.environ if environ is None else environ)
     try:
         document = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
@@ -106,13 +177,20 @@ def load_catalog(path: Path) -> Catalog:
             from None
     except tomllib.TOMLDecodeError as error:
         raise CatalogError(f"{path}: not valid TOML: {error}") from None
-    types = {type_id: _parse_type(path, type_id, table) for type_id, table in document.items()}
+    types = {type_id: _parse_type(path, type_id, table, context)
+             for type_id, table in document.items()}
     if GENERIC not in types:
         raise CatalogError(f"{path}: the type {GENERIC!r} must be present")
     return Catalog(types)
 
 
-def _parse_type(path: Path, type_id: str, table: Any) -> CredentialType:
+@dataclass(frozen=True, slots=True)
+class _Context:
+    allows_insecure: InsecureCheck
+    environ: Mapping[str, str]
+
+
+def _parse_type(path: Path, type_id: str, table: Any, context: _Context) -> CredentialType:
     where = f"{path}: [{type_id}]"
     if not _ID.fullmatch(type_id):
         raise CatalogError(f"{where}: ids are lower-case letters, digits, '-' and '_'")
@@ -125,6 +203,20 @@ def _parse_type(path: Path, type_id: str, table: Any) -> CredentialType:
     link = _string(where, table, "link")
     if link is not None and urlsplit(link).scheme != "https":
         raise CatalogError(f"{where}: link must be an https:// URL")
+    kind = _string(where, table, "kind") or "api_key"
+    if kind == "oauth":
+        misplaced = [key for key in _API_KEY_ONLY if key in table]
+        if misplaced:
+            raise CatalogError(f"{where}: {misplaced[0]} is for api_key types, not oauth")
+        if "oauth" not in table:
+            raise CatalogError(f"{where}: an oauth type needs an [{type_id}.oauth] table")
+        return CredentialType(type_id, label or type_id, _string(where, table, "help") or "",
+                              link, oauth=_parse_oauth(f"{path}: [{type_id}.oauth]",
+                                                       table["oauth"], context))
+    if kind != "api_key":
+        raise CatalogError(f"{where}: kind is api_key or oauth")
+    if "oauth" in table:
+        raise CatalogError(f"{where}: an [{type_id}.oauth] table needs kind = \"oauth\"")
     pattern_text = _string(where, table, "pattern")
     try:
         pattern = re.compile(pattern_text) if pattern_text is not None else None
@@ -135,7 +227,7 @@ def _parse_type(path: Path, type_id: str, table: Any) -> CredentialType:
     max_length = _integer(where, table, "max_length", MAX_KEY_LENGTH)
     if not 1 <= min_length <= max_length <= MAX_KEY_LENGTH:
         raise CatalogError(f"{where}: need 1 <= min_length <= max_length <= {MAX_KEY_LENGTH}")
-    check = _parse_check(f"{where}.check", table["check"]) if "check" in table else None
+    check = _parse_check(f"{path}: [{type_id}.check]", table["check"]) if "check" in table else None
     return CredentialType(type_id, label or type_id, _string(where, table, "help") or "",
                           link, pattern, min_length, max_length, check)
 
@@ -167,6 +259,93 @@ def _parse_check(where: str, table: Any) -> LiveCheck:
     return LiveCheck(method, url, header, value, tuple(sorted(extra.items())),
                      _statuses(where, table, "valid_status", {200}),
                      _statuses(where, table, "invalid_status", {401, 403}), float(timeout))
+
+
+def _parse_oauth(where: str, table: Any, context: _Context) -> OAuthProvider:
+    if not isinstance(table, dict):
+        raise CatalogError(f"{where}: expected a table")
+    unknown = sorted(set(table) - _OAUTH_KEYS)
+    if unknown:
+        raise CatalogError(f"{where}: unknown key {unknown[0]!r}")
+    urls = {key: _endpoint(where, table, key, context)
+            for key in ("issuer", "authorization_url", "token_url", "revocation_url",
+                        "userinfo_url")}
+    if urls["issuer"] is None and (urls["authorization_url"] is None or urls["token_url"] is None):
+        raise CatalogError(f"{where}: give issuer, or both authorization_url and token_url")
+    method = _string(where, table, "token_auth_method") or "client_secret_basic"
+    if method not in _AUTH_METHODS:
+        raise CatalogError(f"{where}: token_auth_method is one of {', '.join(_AUTH_METHODS)}")
+    secret = _client_secret(where, table, context.environ)
+    if (secret is None) != (method == "none"):
+        raise CatalogError(f"{where}: client_secret_env is required unless token_auth_method "
+                           "is none (a public client), and then it must be left out")
+    scopes = _scopes(where, table.get("scopes", []))
+    extra = table.get("extra_authorize_params", {})
+    if not isinstance(extra, dict) or not all(isinstance(v, str) for v in extra.values()):
+        raise CatalogError(f"{where}: extra_authorize_params is a table of strings")
+    reserved = sorted(set(extra) & _RESERVED_PARAMS)
+    if reserved:
+        raise CatalogError(f"{where}: extra_authorize_params may not set {reserved[0]!r}; the "
+                           "gateway sets it")
+    allow_extra = table.get("allow_extra_scopes", False)
+    if not isinstance(allow_extra, bool):
+        raise CatalogError(f"{where}: allow_extra_scopes is true or false")
+    account_field = _string(where, table, "account_field")
+    timeout = table.get("timeout_seconds", 10)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or \
+            not 0 < timeout <= 30:
+        raise CatalogError(f"{where}: timeout_seconds is a number from 0 to 30")
+    return OAuthProvider(
+        client_id=_string(where, table, "client_id", required=True) or "",
+        client_secret=secret, scopes=scopes, allow_extra_scopes=allow_extra,
+        token_auth_method=method,
+        # The subject names an account when the configured field is not granted.
+        account_fields=(account_field, "sub") if account_field else ("login", "email", "sub"),
+        extra_authorize_params=tuple(sorted(extra.items())), timeout_seconds=float(timeout),
+        **urls)
+
+
+def _endpoint(where: str, table: dict[str, Any], key: str, context: _Context) -> str | None:
+    """An https URL; plain http only to a development host the outbound policy lists."""
+    url = _string(where, table, key)
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    try:
+        port = parts.port or DEFAULT_PORTS.get(parts.scheme, 0)
+    except ValueError:
+        raise CatalogError(f"{where}: {key} has an invalid port") from None
+    secure = parts.scheme == "https" or (
+        parts.scheme == "http" and context.allows_insecure(parts.hostname or "", port))
+    if not secure or not parts.hostname or parts.fragment:
+        raise CatalogError(f"{where}: {key} must be an https:// URL without a fragment (plain "
+                           "http only to a host listed in GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS,"
+                           " for development)")
+    return url
+
+
+def _client_secret(where: str, table: dict[str, Any],
+                   environ: Mapping[str, str]) -> Secret | None:
+    # The secret itself never lives in the catalog: the file is config, often committed.
+    name = _string(where, table, "client_secret_env")
+    if name is None:
+        return None
+    if not _ENV_NAME.fullmatch(name):
+        raise CatalogError(f"{where}: client_secret_env is the name of an environment variable")
+    value = environ.get(name, "")
+    if not value:
+        raise CatalogError(f"{where}: the environment variable {name} (client_secret_env) is "
+                           "not set; set it to the client secret the provider issued")
+    return Secret(value)
+
+
+def _scopes(where: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(
+            isinstance(scope, str) and _SCOPE.fullmatch(scope) for scope in value):
+        raise CatalogError(f"{where}: scopes is a list of scope names (no spaces or quotes)")
+    if len(set(value)) != len(value):
+        raise CatalogError(f"{where}: scopes lists a scope twice")
+    return tuple(value)
 
 
 def _statuses(where: str, table: dict[str, Any], key: str, default: set[int]) -> frozenset[int]:

@@ -56,7 +56,7 @@ def revoke(credential_id: str) -> None:
         if credential is None:
             raise NotFound(f"no credential {credential_id!r}")
         service.revoke(session, SystemClock(), credential, actor=cli.operator(),
-                       source_ip=None)
+                       source_ip=None, reason=service.Reason.OPERATOR)
     click.echo(f"credential {credential_id} revoked")
 
 

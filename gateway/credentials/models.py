@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Final
 
-from sqlalchemy import ForeignKey, Index, String, text
+from sqlalchemy import JSON, ForeignKey, Index, String, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gateway.db import Base, UTCDateTime
@@ -17,7 +17,12 @@ LIVE_OWNER_INDEX: Final = "ix_credentials_live_owner"
 
 
 class Credential(SealedColumns, Base):
-    """One user's key for one client and type; readable only through the vault."""
+    """One user's key or connection for one client and type; readable only through the vault.
+
+    An ``api_key`` seals the key itself; an ``oauth`` connection seals its
+    token set (see :mod:`gateway.oauth.tokens`) and keeps beside it what may
+    be shown: the account, the granted scopes and the access token's expiry.
+    """
 
     __tablename__ = "credentials"
     __table_args__ = (
@@ -34,11 +39,24 @@ class Credential(SealedColumns, Base):
     subject_iss: Mapped[str] = mapped_column(String(500))
     subject_sub: Mapped[str] = mapped_column(String(255))
     type: Mapped[str] = mapped_column(String(50))
+    kind: Mapped[str] = mapped_column(String(20), default="api_key",
+                                      server_default="api_key")  # api_key | oauth
     # Enough to recognise the key ("sk-…a1b2"), never enough to use it.
     hint: Mapped[str] = mapped_column(String(20))
     elicitation_id: Mapped[str] = mapped_column(ForeignKey("elicitations.id"), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # user | client | operator | superseded | refresh-failed
+    revoked_reason: Mapped[str | None] = mapped_column(String(40))
+    # OAuth connections only.
+    account: Mapped[str | None] = mapped_column(String(255))
+    scopes: Mapped[list[str] | None] = mapped_column(JSON)
+    token_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    refreshed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The refresh lease: while it runs, one process refreshes the token set
+    # and every other waits for its result (see gateway.oauth.refresh).
+    refresh_lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    refresh_lease_holder: Mapped[str | None] = mapped_column(String(40))
 
     @property
     def live(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any, Final
 
 from sqlalchemy import and_, delete, or_, select
@@ -17,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gateway.audit import service as audit
+from gateway.clients import service as clients
 from gateway.clients.models import Client
 from gateway.clock import Clock
 from gateway.credentials.catalog import CredentialType
@@ -29,6 +31,7 @@ from gateway.pagination import decode_cursor, encode_cursor, timestamp
 from gateway.tokens import new_id
 from gateway.vault.envelope import VaultError, bind, reveal_plaintext, seal
 from gateway.vault.keyring import KeySource
+from gateway.webhooks import outbox
 from gateway.wording import with_article
 
 log = logging.getLogger(__name__)
@@ -89,6 +92,16 @@ class AnotherLiveKey(Conflict):
                          "being stored for you; submit it again")
 
 
+class Reason(StrEnum):
+    """Why a credential was revoked, as its audit row and its webhook event say."""
+
+    USER = "user"  # on /account
+    CLIENT = "client"  # through the API
+    OPERATOR = "operator"  # with the CLI
+    SUPERSEDED = "superseded"  # the user stored a new one
+    REFRESH_FAILED = "refresh-failed"  # the provider refused to refresh a connection
+
+
 # How many times a capture runs again when another capture for the same
 # owner committed first: each rerun means another key was stored meanwhile.
 OWNER_RACES: Final = 5
@@ -134,17 +147,13 @@ def capture(session: Session, clock: Clock, elicitation: Elicitation, credential
     if elicitation.status == Status.PENDING:
         lifecycle.transition(session, clock, elicitation, Status.OPENED, actor=actor,
                              source_ip=source_ip)
-    now = clock.now()
     for previous in session.scalars(select(Credential).where(
             Credential.client_id == credential.client_id,
             Credential.subject_iss == credential.subject_iss,
             Credential.subject_sub == credential.subject_sub,
             Credential.type == credential.type, Credential.revoked_at.is_(None))):
-        previous.revoked_at = now
-        audit.record(session, clock, actor=actor, action="credential.revoked",
-                     target=previous.id, source_ip=source_ip,
-                     details={"client_id": previous.client_id, "type": previous.type,
-                              "reason": "superseded", "superseded_by": credential.id})
+        revoke(session, clock, previous, actor=actor, source_ip=source_ip,
+               reason=Reason.SUPERSEDED, details={"superseded_by": credential.id})
     # The revocations are written first: the unique index of live keys is
     # checked as each row is written, and would refuse the new key beside them.
     session.flush()
@@ -159,10 +168,30 @@ def capture(session: Session, clock: Clock, elicitation: Elicitation, credential
                  target=credential.id, source_ip=source_ip,
                  details={"client_id": credential.client_id, "type": credential.type,
                           "elicitation_id": elicitation.id})
-    summary = {"id": credential.id, "type": credential.type, "hint": credential.hint}
     return lifecycle.transition(session, clock, elicitation, Status.COMPLETED, actor=actor,
                                 source_ip=source_ip, details={"credential_id": credential.id},
-                                event_data={"credential": summary})
+                                event_data={"credential": summary(credential,
+                                                                     asked=elicitation.scopes)})
+
+
+def summary(credential: Credential, *, asked: list[str] | None = None) -> dict[str, Any]:
+    """What a webhook event tells of a credential: never a secret or a token.
+
+    For a connection: the account, the scopes granted, and those asked for
+    that the provider did not grant.
+    """
+    described: dict[str, Any] = {"id": credential.id, "type": credential.type,
+                                 "hint": credential.hint}
+    if credential.kind == "oauth":
+        granted = credential.scopes or []
+        described.update(account=credential.account, scopes=granted,
+                         missing_scopes=missing_scopes(asked, granted))
+    return described
+
+
+def missing_scopes(asked: list[str] | None, granted: list[str]) -> list[str]:
+    """The scopes asked for that the provider did not grant."""
+    return [scope for scope in asked or [] if scope not in granted]
 
 
 def _another_live_key(error: IntegrityError) -> bool:
@@ -193,6 +222,7 @@ def represent(credential: Credential) -> dict[str, Any]:
         "elicitation_id": credential.elicitation_id,
         "created_at": timestamp(credential.created_at),
         "revoked_at": timestamp(credential.revoked_at),
+        "revoked_reason": credential.revoked_reason,
     }
 
 
@@ -258,14 +288,27 @@ def reveal_for_client(
 
 
 def revoke(session: Session, clock: Clock, credential: Credential, *, actor: str,
-           source_ip: str | None) -> Credential:
-    """Revoke a credential: it can no longer be revealed."""
+           source_ip: str | None, reason: Reason,
+           details: dict[str, Any] | None = None) -> Credential:
+    """Revoke a credential, in the caller's transaction: it can no longer be revealed.
+
+    Every revocation, whoever makes it, is audited and sends the owning
+    client ``credential.revoked``, so an MCP server never goes on trusting
+    a credential that is gone.
+    """
     if not credential.live:
         raise Conflict("this credential was revoked already")
     credential.revoked_at = clock.now()
+    credential.revoked_reason = reason.value
     audit.record(session, clock, actor=actor, action="credential.revoked",
                  target=credential.id, source_ip=source_ip,
-                 details={"client_id": credential.client_id, "type": credential.type})
+                 details={"client_id": credential.client_id, "type": credential.type,
+                          "reason": reason.value, **(details or {})})
+    outbox.enqueue(session, clock, credential.client_id,
+                   clients.webhook_url_of(session, credential.client_id), "credential.revoked",
+                   {"credential_id": credential.id, "type": credential.type,
+                    "subject": {"iss": credential.subject_iss, "sub": credential.subject_sub},
+                    "reason": reason.value})
     return credential
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Blueprint, redirect, render_template, request
 from werkzeug.wrappers import Response
 
@@ -21,17 +23,27 @@ blueprint = Blueprint("account", __name__)
 @blueprint.get("/account")
 @signed_in()
 def account(subject: Subject) -> Response | str:
-    """Every key this user stored here, by app, with a hint and dates."""
-    session = db.session()
+    """Every key and connected account this user stored here, by app, with dates."""
     catalog = current_catalog()
-    rows = [{"id": credential.id, "hint": credential.hint,
-             "type": _label(catalog.get(credential.type), credential.type),
-             "client": client_name, "created": f"{credential.created_at:%Y-%m-%d}",
-             "created_iso": timestamp(credential.created_at)}
-            for credential, client_name in service.list_for_subject(
-                session, subject.iss, subject.sub)]
-    return render_template("account.html", subject=subject, credentials=rows,
+    stored = service.list_for_subject(db.session(), subject.iss, subject.sub)
+    rows = [_row(credential, client_name, catalog.get(credential.type))
+            for credential, client_name in stored]
+    return render_template("account.html", subject=subject,
+                           credentials=[row for row in rows if row["kind"] == "api_key"],
+                           connections=[row for row in rows if row["kind"] == "oauth"],
                            revoked=request.args.get("revoked"))
+
+
+def _row(credential: Credential, client_name: str,
+         credential_type: CredentialType | None) -> dict[str, Any]:
+    return {"id": credential.id, "hint": credential.hint, "kind": credential.kind,
+            "type": _label(credential_type, credential.type), "client": client_name,
+            "created": f"{credential.created_at:%Y-%m-%d}",
+            "created_iso": timestamp(credential.created_at),
+            "account": credential.account, "scopes": credential.scopes or [],
+            "refreshed": f"{credential.refreshed_at:%Y-%m-%d %H:%M} UTC"
+            if credential.refreshed_at else None,
+            "refreshed_iso": timestamp(credential.refreshed_at)}
 
 
 def _label(credential_type: CredentialType | None, type_id: str) -> str:
@@ -49,5 +61,5 @@ def revoke(credential_id: str, subject: Subject) -> Response:
                 subject.iss, subject.sub):
             raise NotFound("There is no such key in your account.")
         service.revoke(session, current_clock(), credential, actor=actor_of(subject),
-                       source_ip=request.remote_addr)
+                       source_ip=request.remote_addr, reason=service.Reason.USER)
     return redirect("/account?revoked=1", code=303)

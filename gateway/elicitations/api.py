@@ -27,7 +27,7 @@ DEFAULT_PAGE: Final = 50
 _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 _WHOLE_NUMBER = re.compile(r"[0-9]{1,4}")
 _STATUSES: Final = frozenset(s.value for s in Status)
-_KINDS: Final = frozenset({"api_key", "payment"})
+_KINDS: Final = frozenset({"api_key", "oauth", "payment"})
 _ISSUER: Final = TypeAdapter[str](Issuer)
 _SUBJECT_ID: Final = TypeAdapter[str](SubjectId)
 

@@ -24,7 +24,7 @@ def elicitations() -> None:
 @elicitations.command(name="list")
 @click.option("--client", "client_id", help="Only this client's (by id).")
 @click.option("--status", type=click.Choice([s.value for s in Status]))
-@click.option("--kind", type=click.Choice(["api_key", "payment"]))
+@click.option("--kind", type=click.Choice(["api_key", "oauth", "payment"]))
 @click.option("--subject-iss")
 @click.option("--subject-sub")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, service.MAX_PAGE))

@@ -12,7 +12,7 @@ from gateway.db import Base, UTCDateTime
 
 
 class Elicitation(Base):
-    """One request to one user, for one key or one payment."""
+    """One request to one user, for one key, one connection or one payment."""
 
     __tablename__ = "elicitations"
     __table_args__ = (
@@ -29,8 +29,9 @@ class Elicitation(Base):
     client_id: Mapped[str] = mapped_column(ForeignKey("clients.id"))
     subject_iss: Mapped[str] = mapped_column(String(500))
     subject_sub: Mapped[str] = mapped_column(String(255))
-    kind: Mapped[str] = mapped_column(String(20))  # api_key | payment
+    kind: Mapped[str] = mapped_column(String(20))  # api_key | oauth | payment
     credential_type: Mapped[str | None] = mapped_column(String(50))
+    scopes: Mapped[list[str] | None] = mapped_column(JSON)  # oauth: the scopes asked for
     payment: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     message: Mapped[str] = mapped_column(Text)
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)

@@ -14,7 +14,7 @@ from gateway.web.openapi import (
 )
 
 
-def describe(document: Document, *, credential_types: list[str],
+def describe(document: Document, *, api_key_types: list[str], oauth_types: list[str],
              payments_enabled: bool) -> None:
     """Add the elicitation routes and schemas to ``document``."""
     from gateway.elicitations.schemas import (
@@ -25,7 +25,7 @@ def describe(document: Document, *, credential_types: list[str],
     )
 
     create = document.schema("CreateElicitation", CreateElicitation)
-    _narrow_create(document, credential_types, payments_enabled)
+    _narrow_create(document, api_key_types, oauth_types, payments_enabled)
     view = document.schema("Elicitation", ElicitationView)
     page = document.schema("ElicitationPage", ElicitationPage)
     elicitation_id = {"name": "elicitation_id", "in": "path", "required": True,
@@ -52,7 +52,7 @@ def describe(document: Document, *, credential_types: list[str],
         "parameters": [
             query("status", {"type": "string", "enum": list(ElicitationView.model_fields[
                 "status"].annotation.__args__)}),  # type: ignore[union-attr]
-            query("kind", {"type": "string", "enum": ["api_key", "payment"]}),
+            query("kind", {"type": "string", "enum": ["api_key", "oauth", "payment"]}),
             *subject_filters(),
             cursor_query(),
             query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}),
@@ -77,14 +77,18 @@ def describe(document: Document, *, credential_types: list[str],
     })
 
 
-def _narrow_create(document: Document, credential_types: list[str],
+def _narrow_create(document: Document, api_key_types: list[str], oauth_types: list[str],
                    payments_enabled: bool) -> None:
     # The document describes this deployment: only its credential types,
-    # and payments only where Stripe is configured.
+    # OAuth connections only where the catalog has a type for them, and
+    # payments only where Stripe is configured.
     schemas = document.components["schemas"]
-    api_key = schemas["CreateApiKeyElicitation"]
-    api_key["properties"]["credential_type"]["enum"] = credential_types
-    if not payments_enabled:
-        create = schemas["CreateElicitation"]
-        create["oneOf"] = [{"$ref": "#/components/schemas/CreateApiKeyElicitation"}]
-        create["discriminator"]["mapping"].pop("payment", None)
+    schemas["CreateApiKeyElicitation"]["properties"]["credential_type"]["enum"] = api_key_types
+    schemas["CreateOAuthElicitation"]["properties"]["credential_type"]["enum"] = oauth_types
+    create = schemas["CreateElicitation"]
+    for kind, schema, offered in (("oauth", "CreateOAuthElicitation", bool(oauth_types)),
+                                  ("payment", "CreatePaymentElicitation", payments_enabled)):
+        if not offered:
+            create["oneOf"] = [option for option in create["oneOf"]
+                               if option["$ref"] != f"#/components/schemas/{schema}"]
+            create["discriminator"]["mapping"].pop(kind, None)

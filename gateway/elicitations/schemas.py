@@ -157,6 +157,21 @@ class CreateApiKeyElicitation(_Common):
     credential_type: Annotated[str, Field(min_length=1, max_length=50)]
 
 
+# RFC 6749 section 3.3: a scope token is printable ASCII without space, '"' or '\\'.
+ScopeName = Annotated[str, Field(pattern=r"^[\x21\x23-\x5b\x5d-\x7e]{1,200}$")]
+
+
+class CreateOAuthElicitation(_Common):
+    """Ask the user to connect a third-party account of one OAuth credential type."""
+
+    kind: Literal["oauth"]
+    credential_type: Annotated[str, Field(min_length=1, max_length=50)]
+    scopes: Annotated[list[ScopeName] | None, Field(
+        max_length=50, description="The scopes to ask for; the type's own list when left out. "
+                                   "Must be among the type's scopes unless the type allows "
+                                   "others")] = None
+
+
 class CreatePaymentElicitation(_Common):
     """Ask the user to pay through Stripe Checkout."""
 
@@ -164,8 +179,9 @@ class CreatePaymentElicitation(_Common):
     payment: Payment
 
 
-CreateElicitation = Annotated[CreateApiKeyElicitation | CreatePaymentElicitation,
-                              Field(discriminator="kind")]
+CreateElicitation = Annotated[
+    CreateApiKeyElicitation | CreateOAuthElicitation | CreatePaymentElicitation,
+    Field(discriminator="kind")]
 create_adapter: Final = TypeAdapter(CreateElicitation)
 
 
@@ -188,8 +204,9 @@ class ElicitationView(BaseModel):
     url: Annotated[str, Field(description="The link to give the user; it logs nobody in")]
     status: Literal["pending", "opened", "completed", "declined", "failed", "expired",
                     "cancelled"]
-    kind: Literal["api_key", "payment"]
+    kind: Literal["api_key", "oauth", "payment"]
     credential_type: str | None
+    scopes: Annotated[list[str] | None, Field(description="oauth: the scopes asked for")]
     payment: dict[str, Any] | None
     subject: Subject
     message: str

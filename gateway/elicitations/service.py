@@ -25,6 +25,7 @@ from gateway.elicitations.models import Elicitation, IdempotencyRecord
 from gateway.elicitations.schemas import (
     ELICITATION_ID,
     CreateApiKeyElicitation,
+    CreateOAuthElicitation,
     CreatePaymentElicitation,
 )
 from gateway.errors import Conflict, GatewayError, InvalidInput, NotFound
@@ -70,7 +71,7 @@ class Outcome:
     body: dict[str, Any]
 
 
-Create = CreateApiKeyElicitation | CreatePaymentElicitation
+Create = CreateApiKeyElicitation | CreateOAuthElicitation | CreatePaymentElicitation
 
 
 # --- create ----------------------------------------------------------------------
@@ -92,13 +93,14 @@ def create(
         if replay is not None:
             return replay
     _check_allowed(caller.client, request, catalog, payments_enabled)
+    scopes = _scopes_asked(request, catalog)
     now = clock.now()
-    existing = _reusable(session, caller.client, request, now) if request.reuse_pending \
-        else None
+    existing = _reusable(session, caller.client, request, scopes, now) \
+        if request.reuse_pending else None
     if existing is not None:
         outcome = Outcome(200, represent(existing, public_url, now))
     else:
-        created = _new(caller, request, now)
+        created = _new(caller, request, scopes, now)
         session.add(created)
         audit.record(session, clock, actor=caller.actor, action="elicitation.created",
                      target=created.id, source_ip=caller.source_ip,
@@ -144,17 +146,42 @@ def _check_allowed(client: ClientIdentity, request: Create, catalog: Catalog,
                                         "set GATEWAY_STRIPE_SECRET_KEY")
         return
     type_id = request.credential_type
-    if type_id not in catalog:
-        raise InvalidInput(f"unknown credential_type {type_id!r}; this gateway knows "
-                           f"{', '.join(catalog.ids)}", field="credential_type")
+    credential_type = catalog.get(type_id)
+    if credential_type is None or credential_type.kind != request.kind:
+        known = catalog.ids_of(request.kind)
+        other = " (an OAuth connection: ask with kind oauth)" if credential_type and \
+            credential_type.kind == "oauth" else " (an API key: ask with kind api_key)" \
+            if credential_type else ""
+        raise InvalidInput(f"unknown {request.kind} credential_type {type_id!r}{other}; this "
+                           f"gateway knows {', '.join(known) or 'none'}",
+                           field="credential_type")
     if not client.may_use(type_id):
         raise InvalidInput(f"this client may not ask for credential_type {type_id!r}; it may "
                            f"ask for {', '.join(client.credential_types)}",
                            field="credential_type")
 
 
+def _scopes_asked(request: Create, catalog: Catalog) -> list[str] | None:
+    """The scopes an OAuth elicitation asks for: the request's, or its type's own list."""
+    if not isinstance(request, CreateOAuthElicitation):
+        return None
+    credential_type = catalog.get(request.credential_type)
+    assert credential_type is not None
+    assert credential_type.oauth is not None
+    offered = credential_type.oauth.scopes
+    if request.scopes is None:
+        return list(offered)
+    asked = list(dict.fromkeys(request.scopes))  # once each, in the order given
+    outside = [scope for scope in asked if scope not in offered]
+    if outside and not credential_type.oauth.allow_extra_scopes:
+        raise InvalidInput(f"scopes {', '.join(outside)} are not offered by credential_type "
+                           f"{credential_type.id!r}; it offers {', '.join(offered) or 'none'}",
+                           field="scopes")
+    return asked
+
+
 def _reusable(session: Session, client: ClientIdentity, request: Create,
-              now: datetime) -> Elicitation | None:
+              scopes: list[str] | None, now: datetime) -> Elicitation | None:
     candidates = session.scalars(select(Elicitation).where(
         Elicitation.client_id == client.id,
         Elicitation.subject_iss == request.subject.iss,
@@ -169,12 +196,13 @@ def _reusable(session: Session, client: ClientIdentity, request: Create,
     payment = _payment_fields(request)
     for candidate in sorted(candidates, key=lambda e: e.created_at, reverse=True):
         if candidate.credential_type == _credential_type(request) and \
-                candidate.payment == payment:
+                candidate.payment == payment and candidate.scopes == scopes:
             return candidate
     return None
 
 
-def _new(caller: Caller, request: Create, now: datetime) -> Elicitation:
+def _new(caller: Caller, request: Create, scopes: list[str] | None,
+         now: datetime) -> Elicitation:
     return Elicitation(
         # 144 random bits: the id is the URL, so it must not be guessable.
         id=new_id("el_", 18),
@@ -183,6 +211,7 @@ def _new(caller: Caller, request: Create, now: datetime) -> Elicitation:
         subject_sub=request.subject.sub,
         kind=request.kind,
         credential_type=_credential_type(request),
+        scopes=scopes,
         payment=_payment_fields(request),
         message=request.message,
         metadata_=request.metadata,
@@ -195,7 +224,7 @@ def _new(caller: Caller, request: Create, now: datetime) -> Elicitation:
 
 
 def _credential_type(request: Create) -> str | None:
-    return request.credential_type if isinstance(request, CreateApiKeyElicitation) else None
+    return None if isinstance(request, CreatePaymentElicitation) else request.credential_type
 
 
 def _payment_fields(request: Create) -> dict[str, Any] | None:
@@ -365,6 +394,7 @@ def represent(elicitation: Elicitation, public_url: str,
         "status": status,
         "kind": elicitation.kind,
         "credential_type": elicitation.credential_type,
+        "scopes": elicitation.scopes,
         "payment": elicitation.payment,
         "subject": {"iss": elicitation.subject_iss, "sub": elicitation.subject_sub},
         "message": elicitation.message,

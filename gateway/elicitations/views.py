@@ -27,6 +27,7 @@ from gateway.elicitations.service import WrongAccount
 from gateway.errors import GatewayError
 from gateway.identity.sessions import Subject
 from gateway.identity.web import actor_of, current_subject, signed_in
+from gateway.oauth import pages as connections
 from gateway.outbound import OutboundPolicy
 from gateway.pagination import timestamp
 from gateway.payments import pages as payments
@@ -82,7 +83,7 @@ def show(elicitation_id: str, subject: Subject) -> Page:
         elicitation = open_for(session, subject, elicitation_id)
     if elicitation.status in TERMINAL:
         return ended(elicitation)
-    return _render(session, elicitation, subject)
+    return render(session, elicitation, subject)
 
 
 @blueprint.post("/e/<id:elicitation_id>")
@@ -112,7 +113,7 @@ def _submit(elicitation_id: str, subject: Subject, secret: str) -> Page:
     # Checked outside any transaction: a live check may take seconds.
     error = _verified(credential_type, secret)
     if error is not None:
-        return _render(session, elicitation, subject, error=error.detail), error.status
+        return render(session, elicitation, subject, error=error.detail), error.status
     credential = credentials.seal_for(current_keyring(), elicitation, credential_type, secret,
                                       current_clock().now())
 
@@ -154,8 +155,9 @@ def _verified(credential_type: CredentialType, secret: str) -> GatewayError | No
     return None
 
 
-def _render(session: Session, elicitation: Elicitation, subject: Subject,
-            error: str | None = None) -> str:
+def render(session: Session, elicitation: Elicitation, subject: Subject,
+           error: str | None = None) -> str:
+    """The page of an open elicitation: the key form, the connect button or the checkout."""
     context: dict[str, Any] = {
         "elicitation": elicitation, "subject": subject, "error": error,
         "client_name": client_name(elicitation.client_id),
@@ -166,6 +168,12 @@ def _render(session: Session, elicitation: Elicitation, subject: Subject,
         label = credential_type.label if credential_type else "API key"
         return render_template("elicitation_api_key.html", asked=f"your {label}",
                                credential_type=credential_type, **context)
+    if elicitation.kind == "oauth":
+        credential_type = current_catalog().get(elicitation.credential_type or "")
+        if credential_type is None or credential_type.oauth is None:
+            raise GatewayError("This kind of account can no longer be connected here. Go back "
+                               "to the app.")
+        return connections.connect_page(context, credential_type)
     return payments.checkout_page(session, context)
 
 

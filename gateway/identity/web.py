@@ -11,6 +11,8 @@ from flask import redirect, request, session, url_for
 from werkzeug.wrappers import Response
 
 from gateway.identity.sessions import ServerSession, Subject
+from gateway.settings import Secret
+from gateway.tokens import keyed_digest
 
 SAFE_FALLBACK = "/"
 
@@ -19,6 +21,16 @@ def current_subject() -> Subject | None:
     """Who this browser's session belongs to, if anyone has logged in."""
     # Flask's session proxy answers isinstance for the session it stands for.
     return session.subject if isinstance(session, ServerSession) else None
+
+
+def browser_binding(pepper: Secret) -> str | None:
+    """The keyed digest of this browser's session id, to bind something to this browser.
+
+    None for a browser without a stored session. The id changes at every
+    login, so a binding made before a login does not hold after it.
+    """
+    token = session.token if isinstance(session, ServerSession) else None
+    return keyed_digest(pepper, token) if token else None
 
 
 def page_subject() -> Subject | None:

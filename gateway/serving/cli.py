@@ -12,7 +12,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway import cli, migrations
-from gateway.credentials.catalog import CatalogError, catalog_path, load_catalog
+from gateway.credentials.catalog import CatalogError, catalog_of
 from gateway.db import POSTGRES_CONNECTIONS_PER_PROCESS, make_engine
 from gateway.files import FileError
 from gateway.serving import server, tls
@@ -91,7 +91,7 @@ def _check_secrets_and_catalog(settings: Settings) -> None:
     # with one line instead of failing some user's request later.
     try:
         load_keyring(settings)
-        load_catalog(catalog_path(settings))
+        catalog_of(settings)
     except (KeyringError, CatalogError) as error:
         cli.fail(str(error))
 

@@ -21,6 +21,7 @@ from gateway.serving import affinity
 from gateway.serving.access_log import GatewayLogger
 from gateway.serving.supervisor import Supervisor
 from gateway.settings import Settings
+from gateway.web import proxies
 
 # The access log shows the path without its query string: a client that puts
 # a token in a query string (refused anyway) must not have it written down.
@@ -136,8 +137,9 @@ class GatewayServer(BaseApplication):  # type: ignore[misc]
 def run(settings: Settings, options: Options) -> None:
     """Serve until stopped."""
     scheme = "https" if options.tls_files else "http"
-    logging.getLogger("gateway").info(
-        "serving %s on %s://%s:%d", settings.public_url, scheme, options.host, options.port
-    )
+    log = logging.getLogger("gateway")
+    log.info("serving %s on %s://%s:%d", settings.public_url, scheme, options.host, options.port)
+    # Which addresses end up in the audit trail depends on it: said at start.
+    log.info(proxies.describe(settings))
     with counters.shared_between_processes():
         GatewayServer(settings, options).run()

@@ -143,7 +143,7 @@ def _describe(item: Any) -> dict[str, str]:
     return {"field": location or "body", "problem": problem}
 
 
-_KIND_TAGS: Final = frozenset({"api_key", "payment"})
+_KIND_TAGS: Final = frozenset({"api_key", "oauth", "payment"})
 
 
 def _is_model_name(part: object) -> bool:

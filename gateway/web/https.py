@@ -13,7 +13,6 @@ from typing import Final, TypeVar
 
 from flask import Flask, current_app, redirect, request
 from werkzeug.exceptions import SecurityError
-from werkzeug.middleware.proxy_fix import ProxyFix
 from werkzeug.sansio.utils import host_is_trusted
 from werkzeug.wrappers import Response
 
@@ -34,16 +33,16 @@ def allow_plain_http(view: View) -> View:
     return view
 
 
-def init_app(app: Flask, settings: Settings) -> None:
-    """Trust the configured proxy hops and enforce host and scheme on every request."""
+def allows_plain_http(view: object) -> bool:
+    """Whether ``view`` opted out of the HTTPS and host rules."""
+    return bool(getattr(view, _PLAIN_HTTP_ATTRIBUTE, False))
+
+
+def init_app(app: Flask) -> None:
+    """Enforce host and scheme on every request (as gateway.web.proxies reports them)."""
     # The host rule is checked in _enforce_https, not by Flask's
     # TRUSTED_HOSTS: that compares case-sensitively (a Host of LOCALHOST
     # was refused) and runs before routing, so no route could opt out.
-    if settings.proxy_hops:
-        hops = settings.proxy_hops
-        app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
-            app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_port=hops
-        )
     app.before_request(_enforce_https)
     app.before_request(_refuse_cross_site_forms)
 
@@ -71,7 +70,7 @@ def _refuse_cross_site_forms() -> None:
 
 def _enforce_https() -> Response | None:
     view = current_app.view_functions.get(request.endpoint or "")
-    if getattr(view, _PLAIN_HTTP_ATTRIBUTE, False):
+    if allows_plain_http(view):
         return None
     _check_host()
     if request.scheme == "https":

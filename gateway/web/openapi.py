@@ -136,9 +136,11 @@ def build(settings: Settings) -> dict[str, Any]:
     from gateway.elicitations import openapi as elicitations
 
     document = Document("Gateway API", __version__)
-    elicitations.describe(document, credential_types=current_catalog().ids,
+    catalog = current_catalog()
+    elicitations.describe(document, api_key_types=catalog.ids_of("api_key"),
+                          oauth_types=catalog.ids_of("oauth"),
                           payments_enabled=settings.stripe_secret_key is not None)
-    credentials.describe(document, credential_types=current_catalog().ids)
+    credentials.describe(document, credential_types=catalog.ids)
     document.path("/api/v1/openapi.json", "get", {
         "operationId": "openapi", "summary": "This document", "security": [],
         "responses": {"200": {"description": "OpenAPI 3.1",

@@ -9,7 +9,7 @@ lets it reach over plain HTTP, so no test sees another's keys or
 elicitations. Users sign in to their MCP client at the same provider (as
 its second client, ``other-app``): the example checks their ID tokens
 against the provider's keys. test_weather.py drives the official SDK's
-client directly; test_weather_client.py runs the README's client script.
+client directly; test_weather_client.py runs the client script of docs/sdk.md.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ class WeatherServer:
 @pytest.fixture
 def weather(gateway: Gateway, oidc_provider: OidcProvider, weather_port: int,
             tmp_path: Path) -> Iterator[WeatherServer]:
-    """A newly registered MCP server: the example, run as its README says."""
+    """A newly registered MCP server: the example, run as docs/sdk.md says."""
     origin = f"http://127.0.0.1:{weather_port}"
     registered = gateway.run("clients", "create", f"Weather {secrets.token_hex(3)}",
                              "--webhook-url", f"{origin}/webhooks/gateway", "--json")

@@ -1,4 +1,4 @@
-"""The README's walk-through client (examples/weather_client.py), run as a person runs it.
+"""The walk-through client of docs/sdk.md (examples/weather_client.py), run as a person would.
 
 The script signs in through the browser (here Chromium, signing in at the
 provider as alice and allowing the client), calls the example's tool and

@@ -59,7 +59,11 @@ def test_status_reports_schema_keys_and_backlog(
     assert report["keys"]["in_use"] == {"v1": 1}  # the client's webhook secret
     assert report["webhooks"]["backlog"] == 0
     assert report["elicitations"]["pending"] == 0
-    assert "schema:" in ok(invoke_gateway("status"))
+    assert report["oauth"] == {"redirect_uri": "https://localhost:8443/oauth/callback",
+                               "types": []}
+    text = ok(invoke_gateway("status"))
+    assert "schema:" in text
+    assert "redirect URI https://localhost:8443/oauth/callback" in text
 
 
 def test_status_fails_on_a_schema_that_is_not_current(

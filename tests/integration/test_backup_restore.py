@@ -1,7 +1,7 @@
-"""Backup and restore as the README tells it: the copy reveals a stored key, with its keyring.
+"""Backup and restore as docs/deployment.md tells it: the copy reveals a stored key.
 
 An instance made by ``gateway init`` stores a key through the portal; the
-database is backed up with the README's commands while the gateway still has
+database is backed up with that page's commands while the gateway still has
 it open, and restored beside a copy of the config and the keyring. The
 restored instance passes ``gateway db current`` and ``gateway status`` and
 reveals the key to the MCP server's old API token (its digest is keyed by
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.slow
 ORIGIN = "https://gateway.test"
 SECRET = "backed-up-weather-key-0042"
 
-# The README's online backup of a SQLite database, in its two forms.
+# docs/deployment.md's online backup of a SQLite database, in its two forms.
 SQLITE_CLI_BACKUP = ("{source}", ".backup '{target}'")
 PYTHON_BACKUP = ("import sqlite3, sys; "
                  "sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))")
@@ -122,7 +122,7 @@ def restore_files(backup: Instance, restored: Instance) -> None:
 
 
 def assert_restored(restored: Instance, stored: Stored) -> None:
-    """The README's checks: schema current, status healthy, and one key revealed."""
+    """docs/deployment.md's checks: schema current, status healthy, and one key revealed."""
     assert restored.run("db", "current").strip().endswith("(current)")
     status = json.loads(restored.run("status", "--json"))
     assert status["database"]["current"] is True

@@ -95,6 +95,7 @@ def test_behind_a_proxy_plain_http_pages_redirect_and_the_api_refuses(
     start_server: Callable[..., Server], cli_environ: dict[str, str],
 ) -> None:
     server = start_server("--no-tls", env={**cli_environ, "GATEWAY_PROXY_HOPS": "1"})
+    assert "GATEWAY_PROXY_HOPS=1: trusting the last entry of X-Forwarded-For" in server.output()
     forwarded_http = {"X-Forwarded-Proto": "http", "X-Forwarded-For": "203.0.113.9"}
     page = get(server, "/e/abc?x=1", None, forwarded_http)
     assert page.status == 301
@@ -366,3 +367,20 @@ def test_a_server_that_will_not_tell_its_limit_does_not_stop_the_start(
         unreachable.dispose()
     assert "connection limit is unknown (OperationalError)" in caplog.text
     assert "PostgreSQL has" not in caplog.text
+
+
+def test_an_oauth_type_whose_secret_is_not_set_stops_the_start_naming_the_variable(
+    run_gateway: Callable[..., Result], cli_environ: dict[str, str], tmp_path: Path,
+) -> None:
+    catalog = tmp_path / "types.toml"
+    catalog.write_text('[generic]\nlabel = "Key"\n[github-oauth]\nlabel = "GitHub account"\n'
+                       'kind = "oauth"\n[github-oauth.oauth]\n'
+                       'authorization_url = "https://github.com/login/oauth/authorize"\n'
+                       'token_url = "https://github.com/login/oauth/access_token"\n'
+                       'client_id = "abc"\nclient_secret_env = "GITHUB_OAUTH_CLIENT_SECRET"\n')
+    result = run_gateway("serve", env={**cli_environ,
+                                       "GATEWAY_CREDENTIAL_TYPES_FILE": str(catalog)})
+    assert result.code == 1
+    [line] = result.stderr.strip().splitlines()
+    assert "GITHUB_OAUTH_CLIENT_SECRET" in line
+    assert "[github-oauth.oauth]" in line

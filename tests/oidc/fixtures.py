@@ -6,6 +6,10 @@ oidc-provider (tests/oidc/provider.mjs) under Node.js, installs its node modules
 first when they are missing or stale, and stops it at the end of the run. Faults
 and redirect URIs a test sets are reset after that test. README.md in this
 directory describes the provider, its login pages and its test endpoints.
+
+The provider also acts as a third-party OAuth authorization server for the
+client ``connect-app`` (refresh tokens that rotate, revocation, faults of the
+token endpoint): see ``OidcProvider.set_connect`` and ``connect_stats``.
 """
 
 from __future__ import annotations
@@ -38,6 +42,22 @@ CLIENT_SECRET = "gateway-test-client-secret-" + "c" * 24
 OTHER_CLIENT_ID = "other-app"
 OTHER_CLIENT_SECRET = "other-app-test-client-secret-" + "o" * 24
 OTHER_REDIRECT_URI = "https://other-app.test/callback"
+CONNECT_CLIENT_ID = "connect-app"
+CONNECT_CLIENT_SECRET = "connect-app-test-client-secret-" + "k" * 24
+CONNECT_REDIRECT_URIS = ("https://gateway.test/oauth/callback",)
+# The scopes the provider knows; connect-app may ask for any of them.
+SCOPES = ("openid", "offline_access", "profile", "email", "repo", "read:user", "user:email")
+# connect-app's token endpoint faults (set_connect(token_fault=...)) and
+# revocation endpoint faults (set_connect(revocation_fault=...)).
+TOKEN_FAULTS = (
+    "invalid_grant",
+    "html",
+    "oversize",
+    "slow",
+    "missing_access_token",
+    "server_error",
+)
+REVOCATION_FAULTS = ("slow", "server_error")
 REDIRECT_URIS = ("https://gateway.test/login/callback",)
 POST_LOGOUT_REDIRECT_URIS = ("https://gateway.test/",)
 ACCOUNTS = ("alice", "bob", "carol")
@@ -56,6 +76,16 @@ ID_TOKEN_FAULTS = (
 
 START_TIMEOUT = 30.0
 HTTP_TIMEOUT = 10.0
+
+
+class _Unset:
+    """The default of ``set_connect``'s arguments: leave that setting as it is."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
 
 
 class OidcLoginError(AssertionError):
@@ -119,19 +149,26 @@ class _FormParser(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.forms: list[_Form] = []
+        self.links: dict[str, str] = {}
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         attributes = {name: value or "" for name, value in attrs}
-        if tag == "form":
+        if tag == "a" and attributes.get("id") and "href" in attributes:
+            self.links[attributes["id"]] = attributes["href"]
+        elif tag == "form":
             self.forms.append(_Form(attributes.get("id", ""), attributes.get("action", ""), {}))
         elif tag == "input" and self.forms and "name" in attributes:
             self.forms[-1].fields[attributes["name"]] = attributes.get("value", "")
 
 
 def _forms(html: str) -> list[_Form]:
+    return _parse(html).forms
+
+
+def _parse(html: str) -> _FormParser:
     parser = _FormParser()
     parser.feed(html)
-    return parser.forms
+    return parser
 
 
 @dataclass
@@ -155,6 +192,15 @@ class OidcProvider:
     post_logout_redirect_uris: list[str] = field(
         default_factory=lambda: list(POST_LOGOUT_REDIRECT_URIS)
     )
+    # The third-party OAuth client the gateway connects users' accounts to.
+    connect_client_id: str = CONNECT_CLIENT_ID
+    connect_client_secret: str = CONNECT_CLIENT_SECRET
+    connect_redirect_uris: list[str] = field(
+        default_factory=lambda: list(CONNECT_REDIRECT_URIS)
+    )
+    scopes: tuple[str, ...] = SCOPES
+    token_faults: tuple[str, ...] = TOKEN_FAULTS
+    revocation_faults: tuple[str, ...] = REVOCATION_FAULTS
     _admin: requests.Session = field(default_factory=new_session, repr=False)
 
     # --- where things are ---------------------------------------------------------
@@ -167,6 +213,11 @@ class OidcProvider:
     def redirect_uri(self) -> str:
         """The gateway client's first redirect URI."""
         return self.redirect_uris[0]
+
+    @property
+    def connect_redirect_uri(self) -> str:
+        """connect-app's first redirect URI."""
+        return self.connect_redirect_uris[0]
 
     def metadata(self) -> dict[str, Any]:
         """The provider's discovery document."""
@@ -216,10 +267,170 @@ class OidcProvider:
             self.set_redirect_uris([*self.redirect_uris, uri])
 
     def reset(self) -> None:
-        """No faults, and the gateway client's initial redirect URIs."""
+        """No faults, the clients' initial redirect URIs, connect-app's defaults and no stats."""
         self._post("/__test__/reset", {})
         self.redirect_uris = list(REDIRECT_URIS)
         self.post_logout_redirect_uris = list(POST_LOGOUT_REDIRECT_URIS)
+        self.connect_redirect_uris = list(CONNECT_REDIRECT_URIS)
+
+    # --- connect-app: the provider as a third-party OAuth authorization server ---
+
+    def set_connect_redirect_uris(self, redirect_uris: list[str]) -> None:
+        """Register other redirect URIs for connect-app, until reset."""
+        self._post("/__test__/client",
+                   {"client": self.connect_client_id, "redirect_uris": list(redirect_uris)})
+        self.connect_redirect_uris = list(redirect_uris)
+
+    def add_connect_redirect_uri(self, uri: str) -> None:
+        """Allow one more redirect URI for connect-app, until reset."""
+        if uri not in self.connect_redirect_uris:
+            self.set_connect_redirect_uris([*self.connect_redirect_uris, uri])
+
+    def set_connect(
+        self,
+        *,
+        access_token_ttl: int = UNSET,
+        grant_only: list[str] | None = UNSET,
+        token_fault: str | None = UNSET,
+        fault_grant_types: list[str] | None = UNSET,
+        slow_seconds: float = UNSET,
+        refresh_delay_ms: int = UNSET,
+        revocation_fault: str | None = UNSET,
+    ) -> dict[str, Any]:
+        """Change how the provider treats connect-app, until reset; returns ``connect_stats()``.
+
+        Arguments left out keep their value; ``None`` ends a fault or ``grant_only``.
+
+        - ``access_token_ttl``: seconds its new access tokens live (``expires_in``; 300).
+        - ``grant_only``: at the consent page the user grants only these of the
+          requested scopes (and ``openid``); the others are rejected.
+        - ``token_fault``: one of ``token_faults``, answering its token requests
+          from now on; ``fault_grant_types`` limits it to some grant types.
+        - ``slow_seconds``: how long ``slow`` holds an answer back (3).
+        - ``refresh_delay_ms``: each refresh_token request waits this long
+          before the provider handles it (0).
+        - ``revocation_fault``: one of ``revocation_faults``, for its revocation requests.
+        """
+        settings = {
+            "access_token_ttl": access_token_ttl,
+            "grant_only": grant_only,
+            "token_fault": token_fault,
+            "fault_grant_types": fault_grant_types,
+            "slow_seconds": slow_seconds,
+            "refresh_delay_ms": refresh_delay_ms,
+            "revocation_fault": revocation_fault,
+        }
+        body = {
+            name: list(value) if isinstance(value, (list, tuple)) else value
+            for name, value in settings.items()
+            if value is not UNSET
+        }
+        if token_fault not in (UNSET, None) and token_fault not in self.token_faults:
+            raise ValueError(f"unknown token fault {token_fault!r}; one of {self.token_faults}")
+        if revocation_fault not in (UNSET, None) and revocation_fault not in self.revocation_faults:
+            raise ValueError(
+                f"unknown revocation fault {revocation_fault!r}; one of {self.revocation_faults}"
+            )
+        return self._post("/__test__/connect", body)
+
+    def connect_stats(self) -> dict[str, Any]:
+        """connect-app's settings and what the provider saw of it since the last reset.
+
+        ``token_calls`` counts its token requests per grant type,
+        ``token_requests`` and ``revocations`` list them in order; the other
+        keys are the settings of ``set_connect`` and its ``redirect_uris``.
+        """
+        response = self._admin.get(f"{self.issuer}/__test__/connect", timeout=HTTP_TIMEOUT)
+        response.raise_for_status()
+        state: dict[str, Any] = response.json()
+        return state
+
+    def reset_connect_stats(self) -> None:
+        """Zero connect-app's counters and lists (its settings stay)."""
+        self._post("/__test__/connect", {"reset_stats": True})
+
+    def connect_login(
+        self,
+        authorize_url: str,
+        username: str | None = "alice",
+        password: str | None = None,
+        *,
+        session: requests.Session | None = None,
+        deny: bool = False,
+    ) -> str:
+        """Authorize connect-app at ``authorize_url``; the redirect back to its redirect URI.
+
+        ``login`` with a consent step: the user allows (or with ``deny``
+        cancels, which ends in ``error=access_denied``). ``authorize_url`` may
+        come from anywhere, e.g. the gateway's redirect to the provider.
+        """
+        return self.login(session, authorize_url, username, password, deny_consent=deny)
+
+    def connect_authorize_url(
+        self,
+        *,
+        scope: str = "openid profile repo",
+        redirect_uri: str | None = None,
+        state: str | None = None,
+        code_verifier: str,
+        **extra: str,
+    ) -> str:
+        """An authorization URL for connect-app (code flow, PKCE S256, nonce with openid)."""
+        challenge = base64.urlsafe_b64encode(hashlib.sha256(code_verifier.encode()).digest())
+        params = {
+            "response_type": "code",
+            "client_id": self.connect_client_id,
+            "redirect_uri": redirect_uri or self.connect_redirect_uri,
+            "scope": scope,
+            "state": state or secrets.token_urlsafe(16),
+            "code_challenge": challenge.rstrip(b"=").decode(),
+            "code_challenge_method": "S256",
+        }
+        if "openid" in scope.split():
+            params["nonce"] = secrets.token_urlsafe(16)
+        params.update(extra)
+        return f"{self.metadata()['authorization_endpoint']}?{urlencode(params)}"
+
+    def connect_tokens(
+        self, username: str = "alice", *, scope: str = "openid profile repo"
+    ) -> dict[str, Any]:
+        """Authorize connect-app as ``username`` and redeem the code; the token response.
+
+        What the gateway does when a user connects an account, done here: it
+        counts as an ``authorization_code`` call in ``connect_stats()``.
+        """
+        verifier = secrets.token_urlsafe(48)
+        back = self.connect_login(self.connect_authorize_url(scope=scope, code_verifier=verifier),
+                                  username)
+        query = parse_qs(urlsplit(back).query)
+        if "code" not in query:
+            raise OidcLoginError(f"no code in the redirect back to connect-app: {back}")
+        response = self._connect_post("token_endpoint", {
+            "grant_type": "authorization_code", "code": query["code"][0],
+            "redirect_uri": self.connect_redirect_uri, "code_verifier": verifier})
+        if response.status_code != 200:
+            raise OidcLoginError(f"token endpoint: {response.status_code} {response.text[:2000]}")
+        tokens: dict[str, Any] = response.json()
+        return tokens
+
+    def connect_refresh(self, refresh_token: str, **extra: str) -> requests.Response:
+        """Use a refresh token as connect-app (client_secret_basic); the raw answer."""
+        return self._connect_post(
+            "token_endpoint", {"grant_type": "refresh_token", "refresh_token": refresh_token,
+                               **extra})
+
+    def connect_revoke(self, token: str, token_type_hint: str | None = None) -> requests.Response:
+        """Revoke a token as connect-app (RFC 7009); the raw answer."""
+        data = {"token": token}
+        if token_type_hint is not None:
+            data["token_type_hint"] = token_type_hint
+        return self._connect_post("revocation_endpoint", data)
+
+    def _connect_post(self, endpoint: str, data: dict[str, str]) -> requests.Response:
+        return new_session().post(
+            self.metadata()[endpoint], data=data,
+            auth=(self.connect_client_id, self.connect_client_secret), timeout=HTTP_TIMEOUT,
+        )
 
     # --- logging in ---------------------------------------------------------------
 
@@ -231,6 +442,7 @@ class OidcProvider:
         password: str | None = None,
         *,
         max_steps: int = 10,
+        deny_consent: bool = False,
     ) -> str:
         """Sign in at the provider and return the redirect back to the client.
 
@@ -243,7 +455,8 @@ class OidcProvider:
 
         ``session`` keeps the provider's cookies: pass the same one again to
         find the user still signed in (then pass ``username=None``, as no login
-        form is expected). ``None`` uses a fresh session.
+        form is expected). ``None`` uses a fresh session. ``deny_consent``
+        cancels at a consent page instead (its "Deny" link: ``access_denied``).
         """
         session = session if session is not None else new_session()
         password = self.password if password is None else password
@@ -270,10 +483,14 @@ class OidcProvider:
                 raise OidcLoginError(
                     f"{method} {url}: {response.status_code}\n{response.text[:2000]}"
                 )
-            forms = _forms(response.text)
+            page = _parse(response.text)
+            forms = page.forms
             if not forms:
                 raise OidcLoginError(f"GET {url}: no form on the page\n{response.text[:2000]}")
             form = forms[0]
+            if form.id == "consent" and deny_consent:
+                url, data = urljoin(url, page.links["abort"]), None
+                continue
             if form.id == "login":
                 if username is None:
                     raise OidcLoginError("the provider asks for a login, but no username was given")
@@ -375,6 +592,8 @@ def oidc_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcProv
         "OIDC_CLIENT_SECRET": CLIENT_SECRET,
         "OIDC_OTHER_CLIENT_SECRET": OTHER_CLIENT_SECRET,
         "OIDC_OTHER_REDIRECT_URIS": " ".join(other_redirect_uris),
+        "OIDC_CONNECT_CLIENT_SECRET": CONNECT_CLIENT_SECRET,
+        "OIDC_CONNECT_REDIRECT_URIS": " ".join(CONNECT_REDIRECT_URIS),
         "OIDC_REDIRECT_URIS": " ".join(REDIRECT_URIS),
         "OIDC_POST_LOGOUT_REDIRECT_URIS": " ".join(POST_LOGOUT_REDIRECT_URIS),
         "NO_COLOR": "1",

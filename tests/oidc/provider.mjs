@@ -9,6 +9,8 @@
 //   OIDC_POST_LOGOUT_REDIRECT_URIS  its post_logout_redirect_uris, separated by spaces
 //   OIDC_OTHER_CLIENT_SECRET        secret of the second client "other-app"
 //   OIDC_OTHER_REDIRECT_URIS        its redirect_uris, separated by spaces
+//   OIDC_CONNECT_CLIENT_SECRET      secret of the third-party OAuth client "connect-app"
+//   OIDC_CONNECT_REDIRECT_URIS      its redirect_uris, separated by spaces
 //
 // Prints "READY <issuer>" on stdout once listening, logs each request to
 // stderr, and exits on SIGTERM or SIGINT. README.md describes the login pages
@@ -23,6 +25,9 @@ import Provider from 'oidc-provider';
 const HOST = '127.0.0.1';
 const GATEWAY = 'gateway';
 const OTHER = 'other-app';
+// A client of the provider acting as a third-party OAuth authorization server:
+// the gateway connects end users' accounts to it (refresh tokens, revocation).
+const CONNECT = 'connect-app';
 
 function words(value, fallback) {
   const list = (value ?? '').split(/\s+/).filter(Boolean);
@@ -38,6 +43,8 @@ if (!Number.isInteger(requestedPort) || requestedPort < 0 || requestedPort > 655
 const clientSecret = process.env.OIDC_CLIENT_SECRET || 'gateway-test-client-secret';
 const otherSecret = process.env.OIDC_OTHER_CLIENT_SECRET || 'other-app-test-client-secret';
 const otherRedirects = words(process.env.OIDC_OTHER_REDIRECT_URIS, ['https://other-app.test/callback']);
+const connectSecret = process.env.OIDC_CONNECT_CLIENT_SECRET || 'connect-app-test-client-secret';
+const connectRedirects = words(process.env.OIDC_CONNECT_REDIRECT_URIS, ['https://gateway.test/oauth/callback']);
 const initialRedirects = {
   redirect_uris: words(process.env.OIDC_REDIRECT_URIS, ['https://gateway.test/login/callback']),
   post_logout_redirect_uris: words(process.env.OIDC_POST_LOGOUT_REDIRECT_URIS, ['https://gateway.test/']),
@@ -108,6 +115,17 @@ function resetClients() {
     token_endpoint_auth_method: 'client_secret_basic',
     id_token_signed_response_alg: 'RS256',
     redirect_uris: [...otherRedirects],
+  });
+  clientMetadata.set(CONNECT, {
+    client_id: CONNECT,
+    client_secret: connectSecret,
+    client_name: 'Connect app',
+    application_type: 'web',
+    grant_types: ['authorization_code', 'refresh_token'],
+    response_types: ['code'],
+    token_endpoint_auth_method: 'client_secret_basic',
+    id_token_signed_response_alg: 'RS256',
+    redirect_uris: [...connectRedirects],
   });
 }
 resetClients();
@@ -214,6 +232,226 @@ function sign(claims, key = signingKey, kid = signingJwk.kid) {
 
 let idTokenFault = null;
 
+// --- connect-app: token endpoint controls -----------------------------------------
+// What the tests set for connect-app (POST /__test__/connect), and what the
+// provider saw of it (GET /__test__/connect). /__test__/reset restores both.
+
+const GRANT_TYPES = ['authorization_code', 'refresh_token'];
+// Each answers connect-app's token requests in place of the provider, except
+// `slow`, which lets the provider answer and holds the answer back. Nothing is
+// spent by the others: the code or refresh token sent stays usable.
+const TOKEN_FAULTS = ['invalid_grant', 'html', 'oversize', 'slow', 'missing_access_token', 'server_error'];
+const REVOCATION_FAULTS = ['slow', 'server_error'];
+const OVERSIZE_PADDING = 96 * 1024;
+
+function connectDefaults() {
+  return {
+    access_token_ttl: 300,
+    grant_only: null,
+    token_fault: null,
+    fault_grant_types: null,
+    slow_seconds: 3,
+    refresh_delay_ms: 0,
+    revocation_fault: null,
+  };
+}
+
+let connect = connectDefaults();
+let connectStats;
+
+function resetConnectStats() {
+  connectStats = {
+    token_calls: Object.fromEntries(GRANT_TYPES.map((type) => [type, 0])),
+    token_requests: [],
+    revocations: [],
+  };
+}
+resetConnectStats();
+
+function connectState() {
+  return {
+    ...connect,
+    ...structuredClone(connectStats),
+    redirect_uris: [...clientMetadata.get(CONNECT).redirect_uris],
+    token_faults: TOKEN_FAULTS,
+    revocation_faults: REVOCATION_FAULTS,
+  };
+}
+
+// Validates a POST /__test__/connect body; returns an error message or applies it.
+function updateConnect(body) {
+  const known = new Set([...Object.keys(connectDefaults()), 'reset_stats']);
+  const unknown = Object.keys(body).filter((key) => !known.has(key));
+  if (unknown.length) return `unknown settings: ${unknown.join(', ')}`;
+  const checks = {
+    access_token_ttl: (v) => Number.isInteger(v) && v >= 1,
+    grant_only: (v) => v === null || (Array.isArray(v) && v.every((scope) => typeof scope === 'string')),
+    token_fault: (v) => v === null || TOKEN_FAULTS.includes(v),
+    fault_grant_types: (v) => v === null || (Array.isArray(v) && v.every((type) => GRANT_TYPES.includes(type))),
+    slow_seconds: (v) => typeof v === 'number' && v >= 0 && v <= 600,
+    refresh_delay_ms: (v) => Number.isInteger(v) && v >= 0 && v <= 600_000,
+    revocation_fault: (v) => v === null || REVOCATION_FAULTS.includes(v),
+    reset_stats: (v) => typeof v === 'boolean',
+  };
+  for (const [key, value] of Object.entries(body)) {
+    if (!checks[key](value)) return `invalid ${key}: ${JSON.stringify(value)}`;
+  }
+  const { reset_stats: resetStats, ...settings } = body;
+  connect = { ...connect, ...settings };
+  if (resetStats) resetConnectStats();
+  return null;
+}
+
+function sleep(ms) {
+  return new Promise((resolve) => { setTimeout(resolve, ms); });
+}
+
+// Requests that send the same refresh token are handled one after the other,
+// as a database transaction would: of two concurrent refreshes, the first
+// rotates and the second finds the token used up.
+const refreshQueues = new Map();
+
+async function oneAtATime(key, task) {
+  const previous = refreshQueues.get(key) ?? Promise.resolve();
+  let done;
+  const turn = new Promise((resolve) => { done = resolve; });
+  const tail = previous.then(() => turn);
+  refreshQueues.set(key, tail);
+  await previous;
+  try {
+    return await task();
+  } finally {
+    done();
+    if (refreshQueues.get(key) === tail) refreshQueues.delete(key);
+  }
+}
+
+// The client a token or revocation request claims to be (before the provider
+// authenticates it), and how it authenticates.
+function claimedClient(ctx, params) {
+  const header = ctx.get('authorization');
+  if (/^basic /i.test(header)) {
+    const decoded = Buffer.from(header.slice(6).trim(), 'base64').toString('utf8');
+    const colon = decoded.indexOf(':');
+    let clientId = colon === -1 ? decoded : decoded.slice(0, colon);
+    try {
+      clientId = decodeURIComponent(clientId.replace(/\+/g, ' '));
+    } catch {
+      // not form-encoded: taken as it is
+    }
+    return { clientId, authMethod: 'client_secret_basic' };
+  }
+  const authMethod = params.has('client_secret') ? 'client_secret_post' : 'none';
+  return { clientId: params.get('client_id'), authMethod };
+}
+
+// Reads a form body ahead of the provider, which then takes it from req.body
+// (oidc-provider logs one warning about an upstream body parser for that).
+async function peekForm(ctx) {
+  if (ctx.method !== 'POST' || !ctx.is('application/x-www-form-urlencoded')) return new URLSearchParams();
+  const raw = await readBody(ctx.req);
+  ctx.req.body = raw;
+  return new URLSearchParams(raw);
+}
+
+function answer(ctx, status, type, body) {
+  ctx.status = status;
+  ctx.type = type;
+  ctx.set('cache-control', 'no-store');
+  ctx.body = body;
+}
+
+const FAULT_ANSWERS = {
+  invalid_grant: (ctx) => answer(ctx, 400, 'application/json', {
+    error: 'invalid_grant', error_description: 'grant request is invalid (test fault)',
+  }),
+  html: (ctx) => answer(ctx, 200, 'text/html; charset=utf-8', page('Sign in', `<h1>Sign in</h1>
+<p>Our sign-in service is down for maintenance. Please try again later.</p>`)),
+  oversize: (ctx) => answer(ctx, 200, 'application/json', JSON.stringify({
+    access_token: `oversize-${randomBytes(16).toString('hex')}`,
+    token_type: 'Bearer',
+    expires_in: connect.access_token_ttl,
+    refresh_token: `oversize-${randomBytes(16).toString('hex')}`,
+    padding: 'x'.repeat(OVERSIZE_PADDING),
+  })),
+  missing_access_token: (ctx) => answer(ctx, 200, 'application/json', {
+    token_type: 'Bearer', expires_in: connect.access_token_ttl,
+  }),
+  server_error: (ctx) => answer(ctx, 503, 'application/json', {
+    error: 'server_error', error_description: 'the authorization server is unavailable (test fault)',
+  }),
+};
+
+async function connectTokenRequest(ctx, next) {
+  const params = await peekForm(ctx);
+  const { clientId, authMethod } = claimedClient(ctx, params);
+  if (clientId !== CONNECT) return next();
+
+  const grantType = params.get('grant_type');
+  if (Object.hasOwn(connectStats.token_calls, grantType)) connectStats.token_calls[grantType] += 1;
+  const faulted = connect.token_fault !== null
+    && (connect.fault_grant_types === null || connect.fault_grant_types.includes(grantType));
+  const fault = faulted ? connect.token_fault : null;
+  const record = { grant_type: grantType, auth_method: authMethod, fault, status: null };
+  connectStats.token_requests.push(record);
+  try {
+    if (grantType === 'refresh_token' && connect.refresh_delay_ms > 0) await sleep(connect.refresh_delay_ms);
+    if (fault && fault !== 'slow') return FAULT_ANSWERS[fault](ctx);
+    if (grantType === 'refresh_token') await oneAtATime(params.get('refresh_token') ?? '', next);
+    else await next();
+    if (fault === 'slow') await sleep(connect.slow_seconds * 1000);
+  } finally {
+    record.status = ctx.status;
+  }
+}
+
+async function connectRevocationRequest(ctx, next) {
+  const params = await peekForm(ctx);
+  const { clientId, authMethod } = claimedClient(ctx, params);
+  if (clientId !== CONNECT) return next();
+
+  const token = params.get('token');
+  let found = null;
+  try {
+    if (token && await provider.RefreshToken.find(token)) found = 'refresh_token';
+    else if (token && await provider.AccessToken.find(token)) found = 'access_token';
+  } catch {
+    // not a token of this provider's format
+  }
+  const fault = connect.revocation_fault;
+  const record = {
+    token_type_hint: params.get('token_type_hint'), token, found, auth_method: authMethod, fault, status: null,
+  };
+  connectStats.revocations.push(record);
+  try {
+    if (fault === 'server_error') return FAULT_ANSWERS.server_error(ctx);
+    await next();
+    if (fault === 'slow') await sleep(connect.slow_seconds * 1000);
+  } finally {
+    record.status = ctx.status;
+  }
+}
+
+// A resource server's view of connect-app's access tokens, like a third-party
+// API's "who am I" endpoint: unlike userinfo, it needs no openid scope.
+async function apiUser(ctx) {
+  const match = /^bearer (\S+)$/i.exec(ctx.get('authorization'));
+  const token = match && await provider.AccessToken.find(match[1]);
+  if (!token) {
+    ctx.set('www-authenticate', 'Bearer error="invalid_token"');
+    return answer(ctx, 401, 'application/json', { error: 'invalid_token' });
+  }
+  const account = ACCOUNTS.get(token.accountId);
+  return answer(ctx, 200, 'application/json', {
+    sub: account.sub,
+    preferred_username: account.preferred_username,
+    name: account.name,
+    email: account.email,
+    client_id: token.clientId,
+    scope: token.scope ?? '',
+  });
+}
+
 // --- provider -------------------------------------------------------------------
 
 const server = createServer();
@@ -231,16 +469,32 @@ const provider = new Provider(issuer, {
     openid: ['sub'],
     profile: ['name', 'preferred_username'],
     email: ['email', 'email_verified'],
+    // connect-app's scopes, named like a code host's: read:user and user:email
+    // carry claims as profile and email do; repo carries none.
+    'read:user': ['name', 'preferred_username'],
+    'user:email': ['email', 'email_verified'],
   },
-  scopes: ['openid', 'profile', 'email'],
+  scopes: ['openid', 'offline_access', 'profile', 'email', 'repo', 'read:user', 'user:email'],
   responseTypes: ['code'],
   // Put the requested profile and email claims in the ID token itself.
   conformIdTokenClaims: false,
   clientAuthMethods: ['client_secret_basic', 'client_secret_post'],
   // PKCE for every authorization request, S256 only (the only method oidc-provider supports).
   pkce: { required: () => true },
+  // Every authorization code grant to a client allowed refresh tokens
+  // (connect-app) comes with one, offline_access or not.
+  issueRefreshToken: async (_ctx, client) => client.grantTypeAllowed('refresh_token'),
+  // Each refresh answers with a new refresh token; the one sent is used up, and
+  // sending it again is invalid_grant and revokes the grant (oidc-provider's reuse detection).
+  rotateRefreshToken: true,
+  // connect-app's tokens outlive the browser session at the provider, as a
+  // third-party service's do; the others' end with it unless offline_access.
+  expiresWithSession: async (ctx, code) => code.clientId !== CONNECT && !code.scopes.has('offline_access'),
   features: {
     devInteractions: { enabled: false },
+    // RFC 7009; revoking a refresh token or an access token ends every token of its grant.
+    revocation: { enabled: true },
+    userinfo: { enabled: true },
     rpInitiatedLogout: {
       enabled: true,
       // Plain pages: the defaults load web fonts from the internet.
@@ -275,7 +529,8 @@ ${form}
   ttl: {
     AuthorizationCode: 60,
     IdToken: 300,
-    AccessToken: 300,
+    AccessToken: (_ctx, token) => (token.clientId === CONNECT ? connect.access_token_ttl : 300),
+    RefreshToken: 3600,
     Interaction: 600,
     Session: 3600,
     Grant: 3600,
@@ -289,7 +544,10 @@ ${form}
 provider.on('server_error', (_ctx, err) => console.error('server_error', err));
 
 provider.use(async (ctx, next) => {
-  await next();
+  if (ctx.method === 'POST' && ctx.path === '/token') await connectTokenRequest(ctx, next);
+  else if (ctx.method === 'POST' && ctx.path === '/token/revocation') await connectRevocationRequest(ctx, next);
+  else if (ctx.method === 'GET' && ctx.path === '/api/user') await apiUser(ctx);
+  else await next();
   if (idTokenFault && ctx.oidc?.route === 'token' && ctx.status === 200 && ctx.body?.id_token) {
     const body = { ...ctx.body };
     body.id_token = await FAULTS[idTokenFault](jose.decodeJwt(body.id_token));
@@ -353,6 +611,7 @@ function faultState() {
 
 async function testEndpoint(req, res, path) {
   if (req.method === 'GET' && path === '/__test__/faults') return sendJson(res, 200, faultState());
+  if (req.method === 'GET' && path === '/__test__/connect') return sendJson(res, 200, connectState());
   if (req.method !== 'POST') return sendJson(res, 405, { error: 'method not allowed' });
   const raw = await readBody(req);
   let body;
@@ -373,9 +632,18 @@ async function testEndpoint(req, res, path) {
     case '/__test__/reset':
       idTokenFault = null;
       resetClients();
+      connect = connectDefaults();
+      resetConnectStats();
       return sendJson(res, 200, faultState());
+    case '/__test__/connect': {
+      const error = updateConnect(body);
+      if (error) return sendJson(res, 400, { error });
+      return sendJson(res, 200, connectState());
+    }
     case '/__test__/client': {
-      const metadata = clientMetadata.get(GATEWAY);
+      const clientId = body.client ?? GATEWAY;
+      const metadata = clientMetadata.get(clientId);
+      if (!metadata) return sendJson(res, 400, { error: `unknown client: ${clientId}` });
       for (const field of ['redirect_uris', 'post_logout_redirect_uris']) {
         if (body[field] === undefined) continue;
         if (!Array.isArray(body[field]) || !body[field].every((uri) => typeof uri === 'string')) {
@@ -425,7 +693,17 @@ async function interaction(req, res, uid, action) {
         ? await provider.Grant.find(details.grantId)
         : new provider.Grant({ accountId: details.session.accountId, clientId: params.client_id });
       const { missingOIDCScope, missingOIDCClaims, missingResourceScopes } = prompt.details;
-      if (missingOIDCScope) grant.addOIDCScope(missingOIDCScope.join(' '));
+      if (missingOIDCScope && params.client_id === CONNECT && connect.grant_only !== null) {
+        // The user grants only some of the scopes (openid is always granted):
+        // the others are rejected, and the tokens' scope is narrower than asked.
+        const allowed = new Set(['openid', ...connect.grant_only]);
+        const granted = missingOIDCScope.filter((scope) => allowed.has(scope));
+        const rejected = missingOIDCScope.filter((scope) => !allowed.has(scope));
+        if (granted.length) grant.addOIDCScope(granted.join(' '));
+        if (rejected.length) grant.rejectOIDCScope(rejected.join(' '));
+      } else if (missingOIDCScope) {
+        grant.addOIDCScope(missingOIDCScope.join(' '));
+      }
       if (missingOIDCClaims) grant.addOIDCClaims(missingOIDCClaims);
       for (const [indicator, scope] of Object.entries(missingResourceScopes ?? {})) {
         grant.addResourceScope(indicator, scope.join(' '));

@@ -1,0 +1,1 @@
+"""Third-party OAuth connections: the connect page, the callback, refresh and revocation."""

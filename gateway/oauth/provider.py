@@ -1,0 +1,357 @@
+"""Talking to a third-party authorization server: the only module that does.
+
+Authlib's ``OAuth2Session`` makes the token and revocation requests (client
+authentication as the catalog says, PKCE), on a session routed through the
+SSRF guard whose answers may not exceed :data:`MAX_ANSWER`. What comes back
+is turned into one of three outcomes: a token response, :class:`GrantRefused`
+(the provider said no: the user must connect again), or
+:class:`ProviderUnavailable` (down, slow, or answering nonsense: try later).
+Nothing here logs a token, a code or a response body.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
+from urllib.parse import urlencode
+
+import requests
+from authlib.integrations.base_client.errors import OAuthError
+from authlib.integrations.requests_client import OAuth2Session
+from authlib.oauth2.rfc7636 import create_s256_code_challenge
+from flask import current_app
+from joserfc import jwt
+from joserfc.errors import JoseError
+from joserfc.jwk import KeySet
+
+from gateway.credentials.catalog import CredentialType, OAuthProvider
+from gateway.errors import GatewayError
+from gateway.identity.oidc import ALLOWED_ALGORITHMS, failed_claim
+from gateway.outbound import (
+    AnswerTooLarge,
+    BlockedDestination,
+    OutboundPolicy,
+    bound_answers,
+    guard_session,
+)
+from gateway.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Token responses are a few hundred bytes; anything this large is not one.
+MAX_ANSWER: Final = 64 * 1024
+DISCOVERY_TTL_SECONDS: Final = 3600
+EXTENSION: Final = "gateway.oauth.providers"
+CALLBACK_PATH: Final = "/oauth/callback"
+
+
+class ProviderUnavailable(GatewayError):
+    """The provider did not answer, or not with something usable; nothing changed."""
+
+    status = 503
+    code = "provider-unavailable"
+    title = "The account's provider did not answer"
+    retry_after = 30
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+class GrantRefused(GatewayError):
+    """The provider refused the grant (``invalid_grant`` and kin): the user must connect again."""
+
+    status = 409
+    code = "reconnect-required"
+    title = "The user must connect the account again"
+
+    def __init__(self, detail: str, error: str) -> None:
+        super().__init__(detail)
+        self.error = error
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    """Where the provider's endpoints are: from the catalog, completed by discovery."""
+
+    authorization: str
+    token: str
+    revocation: str | None
+    userinfo: str | None
+    issuer: str | None
+    jwks: str | None
+
+
+class Provider:
+    """One OAuth credential type's authorization server, as this gateway's client of it."""
+
+    def __init__(self, credential_type: CredentialType, settings: Settings) -> None:
+        assert credential_type.oauth is not None
+        self.type_id = credential_type.id
+        self.config: OAuthProvider = credential_type.oauth
+        self.redirect_uri = settings.public_url + CALLBACK_PATH
+        self._policy = OutboundPolicy.from_settings(settings)
+        self._lock = threading.Lock()
+        self._endpoints: Endpoints | None = None
+        self._discovered_at = 0.0
+        self._keys: KeySet | None = None
+
+    # --- the authorization request ---------------------------------------------------
+
+    def authorization_url(self, *, state: str, verifier: str, nonce: str | None,
+                          scopes: tuple[str, ...]) -> str:
+        """Where to send the browser: ``response_type=code``, ``state``, PKCE S256, ``nonce``."""
+        query: dict[str, str] = dict(self.config.extra_authorize_params)
+        query.update({
+            "response_type": "code", "client_id": self.config.client_id,
+            "redirect_uri": self.redirect_uri, "state": state,
+            "code_challenge": create_s256_code_challenge(verifier),
+            "code_challenge_method": "S256",
+        })
+        if scopes:
+            query["scope"] = " ".join(scopes)
+        if nonce is not None:
+            query["nonce"] = nonce
+        authorization = self.endpoints().authorization
+        separator = "&" if "?" in authorization else "?"
+        return f"{authorization}{separator}{urlencode(query)}"
+
+    def is_openid(self, scopes: tuple[str, ...]) -> bool:
+        """Whether the provider answers with an ID token: OpenID Connect, asked for ``openid``."""
+        return self.config.issuer is not None and "openid" in scopes
+
+    # --- the token endpoint ------------------------------------------------------------
+
+    def exchange(self, code: str, verifier: str) -> dict[str, Any]:
+        """Trade an authorization code for a token response (once: codes are single use)."""
+        return self._token_request(grant_type="authorization_code", code=code,
+                                   redirect_uri=self.redirect_uri, code_verifier=verifier)
+
+    def refresh(self, refresh_token: str) -> dict[str, Any]:
+        """A new token response for a refresh token; the provider may rotate the refresh token."""
+        return self._token_request(grant_type="refresh_token", refresh_token=refresh_token)
+
+    def _token_request(self, **parameters: str) -> dict[str, Any]:
+        with self._client() as client:
+            try:
+                answer: dict[str, Any] = dict(client.fetch_token(
+                    self.endpoints().token, timeout=self._timeout(), **parameters))
+            except OAuthError as error:
+                raise GrantRefused(self._refusal(error), str(error.error)) from None
+            except (requests.RequestException, BlockedDestination, ValueError) as error:
+                raise self._unavailable("token request", error) from None
+        if not isinstance(answer.get("access_token"), str) or not answer["access_token"]:
+            log.warning("%s: the token response holds no access_token", self.type_id)
+            raise ProviderUnavailable(f"{self._name()} answered without an access token")
+        return answer
+
+    def _refusal(self, error: OAuthError) -> str:
+        # Error codes are defined by RFC 6749 and safe to show; descriptions
+        # are the provider's free text and stay out of our pages and logs.
+        log.info("%s refused a token request: %s", self.type_id, error.error)
+        return f"{self._name()} refused: {error.error}"
+
+    # --- revocation (RFC 7009) and userinfo ----------------------------------------------
+
+    def revoke(self, token: str, hint: str) -> str:
+        """Ask the provider to revoke a token; what happened, in a few words for the audit trail."""
+        endpoint = self.endpoints().revocation
+        if endpoint is None:
+            return "the provider has no revocation endpoint"
+        with self._client() as client:
+            try:
+                answer = client.revoke_token(endpoint, token=token, token_type_hint=hint,
+                                             timeout=self._timeout())
+            except (requests.RequestException, BlockedDestination) as error:
+                log.warning("%s: revocation failed: %s", self.type_id, type(error).__name__)
+                return f"the provider did not answer ({type(error).__name__})"
+            status = answer.status_code
+            answer.close()
+        # RFC 7009 section 2.2: 200 whether or not the token was still valid.
+        return "revoked at the provider" if status == 200 else \
+            f"the provider answered HTTP {status}"
+
+    def userinfo(self, access_token: str) -> dict[str, Any]:
+        """The userinfo claims (to name the account), or {} when there is no endpoint."""
+        endpoint = self.endpoints().userinfo
+        if endpoint is None:
+            return {}
+        with self._http() as http:
+            try:
+                answer = http.get(endpoint, timeout=self._timeout(), headers={
+                    "Authorization": f"Bearer {access_token}", "Accept": "application/json"})
+                answer.raise_for_status()
+                claims = answer.json()
+            except (requests.RequestException, BlockedDestination, ValueError) as error:
+                raise self._unavailable("userinfo request", error) from None
+        if not isinstance(claims, dict):
+            raise ProviderUnavailable(f"{self._name()} answered the userinfo request with "
+                                      "something other than a JSON object")
+        return claims
+
+    # --- ID tokens ----------------------------------------------------------------------
+
+    def id_token_claims(self, id_token: str, nonce: str, now: datetime) -> dict[str, Any]:
+        """The claims of an ID token whose signature, issuer, audience, expiry and nonce hold."""
+        endpoints = self.endpoints()
+        if endpoints.issuer is None or endpoints.jwks is None:
+            raise ProviderUnavailable(f"{self._name()} sent an ID token it publishes no keys for")
+        claims: dict[str, Any] | None = None
+        for refresh in (False, True):  # a new signing key: fetch the key set once more
+            try:
+                claims = dict(jwt.decode(id_token, self._key_set(refresh=refresh),
+                                         algorithms=list(ALLOWED_ALGORITHMS)).claims)
+                break
+            except (JoseError, ValueError):
+                continue
+        if claims is None:
+            raise ProviderUnavailable(f"{self._name()} sent an ID token whose signature does "
+                                      "not check out")
+        failed = failed_claim(claims, issuer=endpoints.issuer, client_id=self.config.client_id,
+                              nonce=nonce, now=now)
+        if failed is not None:
+            raise ProviderUnavailable(f"{self._name()} sent an ID token whose {failed} does not "
+                                      "check out")
+        return claims
+
+    def _key_set(self, *, refresh: bool) -> KeySet:
+        with self._lock:
+            keys = self._keys
+        if keys is None or refresh:
+            jwks = self.endpoints().jwks
+            assert jwks is not None
+            keys = KeySet.import_key_set(self._get_json(jwks))  # type: ignore[arg-type]
+            with self._lock:
+                self._keys = keys
+        return keys
+
+    # --- discovery ----------------------------------------------------------------------
+
+    def endpoints(self) -> Endpoints:
+        """The endpoints; with an ``issuer``, discovered once an hour."""
+        config = self.config
+        if config.issuer is None:
+            assert config.authorization_url is not None
+            assert config.token_url is not None
+            return Endpoints(config.authorization_url, config.token_url,
+                             config.revocation_url, config.userinfo_url, None, None)
+        with self._lock:
+            if self._endpoints is not None and \
+                    time.monotonic() - self._discovered_at < DISCOVERY_TTL_SECONDS:
+                return self._endpoints
+        found = self._discover(config.issuer)
+        with self._lock:
+            self._endpoints, self._discovered_at = found, time.monotonic()
+        return found
+
+    def _discover(self, issuer: str) -> Endpoints:
+        document = self._get_json(f"{issuer.rstrip('/')}/.well-known/openid-configuration")
+        # OpenID Connect Discovery 1.0, section 4.3: the document must name
+        # exactly the issuer asked for, or it may be someone else's.
+        if document.get("issuer") != issuer:
+            raise ProviderUnavailable(f"{self._name()}'s discovery document names another "
+                                      "issuer")
+        config = self.config
+
+        def endpoint(setting: str | None, key: str) -> str | None:
+            value = setting or document.get(key)
+            return value if isinstance(value, str) and value else None
+
+        authorization = endpoint(config.authorization_url, "authorization_endpoint")
+        token = endpoint(config.token_url, "token_endpoint")
+        if authorization is None or token is None:
+            raise ProviderUnavailable(f"{self._name()}'s discovery document lacks its "
+                                      "authorization or token endpoint")
+        return Endpoints(authorization, token,
+                         endpoint(config.revocation_url, "revocation_endpoint"),
+                         endpoint(config.userinfo_url, "userinfo_endpoint"), issuer,
+                         endpoint(None, "jwks_uri"))
+
+    def _get_json(self, url: str) -> dict[str, Any]:
+        with self._http() as http:
+            try:
+                answer = http.get(url, timeout=self._timeout(),
+                                  headers={"Accept": "application/json"})
+                answer.raise_for_status()
+                document = answer.json()
+            except (requests.RequestException, BlockedDestination, ValueError) as error:
+                raise self._unavailable("discovery", error) from None
+        if not isinstance(document, dict):
+            raise ProviderUnavailable(f"{self._name()} answered with something other than a "
+                                      "JSON object")
+        return document
+
+    # --- plumbing -----------------------------------------------------------------------
+
+    def _client(self) -> OAuth2Session:
+        config = self.config
+        secret = config.client_secret.reveal() if config.client_secret is not None else None
+        client = OAuth2Session(config.client_id, secret,
+                               token_endpoint_auth_method=config.token_auth_method,
+                               revocation_endpoint_auth_method=config.token_auth_method)
+        return bound_answers(guard_session(client, self._policy), MAX_ANSWER)
+
+    def _http(self) -> requests.Session:
+        return bound_answers(guard_session(requests.Session(), self._policy), MAX_ANSWER)
+
+    def _timeout(self) -> tuple[float, float]:
+        return (self.config.timeout_seconds, self.config.timeout_seconds)
+
+    def _name(self) -> str:
+        return f"The provider ({self.config.host})"
+
+    def _unavailable(self, what: str, error: Exception) -> ProviderUnavailable:
+        if isinstance(error, BlockedDestination):
+            # A setting, not an outage: the catalog names an endpoint the
+            # outbound guard refuses. The log says which.
+            log.error("%s: %s refused by the outbound guard: %s", self.type_id, what, error)
+            return ProviderUnavailable(f"the gateway may not connect to {self.config.host} as "
+                                       "configured; its operator must correct the credential "
+                                       "type")
+        if isinstance(error, AnswerTooLarge):
+            reason = "an answer too large to be a token response"
+        elif isinstance(error, ValueError):
+            reason = "an answer that is not JSON"
+        elif isinstance(error, requests.Timeout):
+            reason = "no answer in time"
+        elif isinstance(error, requests.HTTPError) and error.response is not None:
+            reason = f"HTTP {error.response.status_code}"
+        else:
+            reason = "no answer"
+        # The exception's text may hold a URL with a code in it: its type is enough.
+        log.warning("%s: %s failed: %s (%s)", self.type_id, what, reason, type(error).__name__)
+        return ProviderUnavailable(f"{self._name()} gave {reason}; try again in a moment")
+
+
+def token_expiry(answer: Mapping[str, Any], now: datetime) -> datetime | None:
+    """When the access token of a token response expires; None when the provider does not say."""
+    expires_in = answer.get("expires_in")
+    if isinstance(expires_in, bool) or not isinstance(expires_in, int | float | str):
+        return None
+    try:
+        seconds = float(expires_in)
+    except ValueError:
+        return None
+    return now + timedelta(seconds=max(0.0, seconds)) if seconds == seconds else None
+
+
+def providers() -> dict[str, Provider]:
+    """This app's provider clients, one per OAuth credential type, made on first use."""
+    found: dict[str, Provider] | None = current_app.extensions.get(EXTENSION)
+    if found is None:
+        found = current_app.extensions.setdefault(EXTENSION, {})
+    return found
+
+
+def provider_for(credential_type: CredentialType) -> Provider:
+    """The provider client of an OAuth credential type (its discovery cache is kept)."""
+    registry = providers()
+    chosen = registry.get(credential_type.id)
+    if chosen is None or chosen.config is not credential_type.oauth:
+        chosen = Provider(credential_type, current_app.extensions["gateway.settings"])
+        registry[credential_type.id] = chosen
+    return chosen
