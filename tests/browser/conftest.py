@@ -8,7 +8,12 @@ own cookies) and its own elicitations, so tests do not see each other's
 sessions or requests.
 
 Every page a test opens is watched: a Content-Security-Policy violation, a
-JavaScript error or a request to any host but the gateway fails the test.
+JavaScript error or a request to any host but the gateway fails the test,
+unless the test named that origin (a stand-in it answers itself, or a
+server of the tests on loopback, such as the identity provider).
+
+The connection tests need a provider in the catalog; they get a second
+gateway, ``oauth_gateway``, so that the others run without one.
 """
 
 from __future__ import annotations
@@ -20,12 +25,13 @@ import os
 import secrets
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -47,12 +53,13 @@ from playwright.sync_api import (
 )
 from sqlalchemy import update
 
-from gateway import db
+from gateway import db, resources
 from gateway.elicitations.models import Elicitation
 from gateway.serving.tls import dev_certificate_paths
 from tests.browser.stripe_stub import StripeStub, running_stub
 from tests.conftest import _empty_tables, gateway_environ, process_environ
 from tests.integration.conftest import free_port, tls_context
+from tests.oidc.fixtures import OidcProvider
 
 CHROMIUM = Path("/usr/bin/chromium")
 # Headless, and nothing Chromium would fetch or start on its own.
@@ -65,6 +72,8 @@ CHROMIUM_FLAGS = [
     "--no-first-run",
 ]
 PASSWORD = "correct horse battery staple"
+# Where the tests' own servers listen; the browser may visit those it is told of.
+LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 # Generous for a cold Chromium, short enough that a hang fails fast.
 TIMEOUT_MS = 15_000
 
@@ -173,6 +182,17 @@ class Gateway:
         elicitation: dict[str, Any] = created.body
         return elicitation
 
+    def ask_to_connect(self, username: str, message: str, credential_type: str,
+                       **fields: Any) -> dict[str, Any]:
+        """An OAuth elicitation for ``username``: connect their account of ``credential_type``."""
+        created = self.api("POST", "/api/v1/elicitations", {
+            "subject": {"iss": self.origin, "sub": username}, "kind": "oauth",
+            "credential_type": credential_type, "message": message, "reuse_pending": False,
+            **fields})
+        assert created.status == 201, created.body
+        elicitation: dict[str, Any] = created.body
+        return elicitation
+
     def status_of(self, elicitation_id: str) -> str:
         answer = self.api("GET", f"/api/v1/elicitations/{elicitation_id}")
         assert answer.status == 200, answer.body
@@ -240,18 +260,54 @@ def gateway(chromium_path: Path, database_url: str, stripe_stub: StripeStub,
         server.api_token, server.client_name = client["api_token"], client["name"]
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop(process)
         # Leave the run's database empty, as every other test does.
         engine = db.make_engine(database_url)
         try:
             _empty_tables(engine)
         finally:
             engine.dispose()
+
+
+@contextmanager
+def serve_alongside(gateway: Gateway, name: str, settings: Mapping[str, str], *,
+                    also_reach: Sequence[str] = ()) -> Iterator[Gateway]:
+    """A second ``gateway serve`` on the first one's database, with ``settings`` changed.
+
+    It has an origin of its own and serves the first one's certificate, which
+    the browser already trusts; it runs no outbox worker (the first one
+    delivers for both). ``also_reach`` lists plain-http development hosts
+    (``host:port``) it may reach besides those the first one may.
+    """
+    port = free_port()
+    origin = f"https://localhost:{port}"
+    insecure = filter(None, (gateway.environ.get("GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS"),
+                             *also_reach))
+    environ = {**gateway.environ, "GATEWAY_PUBLIC_URL": origin, **settings,
+               "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS": ",".join(insecure)}
+    certfile, keyfile = dev_certificate_paths(gateway.workdir / "instance")
+    log = gateway.workdir / f"serve-{name}.log"
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            [*GATEWAY, "serve", "--port", str(port), "--workers", "1", "--threads", "8",
+             "--certfile", str(certfile), "--keyfile", str(keyfile), "--no-worker"],
+            env=environ, cwd=gateway.workdir, stdout=handle, stderr=subprocess.STDOUT,
+            text=True)
+    server = replace(gateway, origin=origin, environ=environ, process=process, log=log)
+    try:
+        _wait_until_healthy(server)
+        yield server
+    finally:
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _wait_until_healthy(server: Gateway, timeout: float = 30) -> None:
@@ -318,10 +374,25 @@ class Watch:
     # Origins a test expects the browser to be sent to (and answers itself
     # with page.route, so nothing leaves the machine).
     expected_origins: set[str] = field(default_factory=set)
+    # Servers the tests run on loopback that the browser really visits (the
+    # test identity provider's login page): nothing leaves the machine either.
+    local_servers: set[str] = field(default_factory=set)
 
     def expect_origin(self, origin: str) -> None:
         """Let requests to ``origin`` pass: the test routes them to a stand-in."""
         self.expected_origins.add(origin)
+
+    def allow_local_server(self, origin: str) -> None:
+        """Let requests to ``origin`` pass: a server of the tests, on a loopback address.
+
+        Only an exact origin (scheme, loopback host, port) is taken, so the
+        rest of the machine and the outside world stay forbidden.
+        """
+        parts = urlsplit(origin)
+        if (parts.hostname not in LOOPBACK or parts.port is None
+                or origin != f"{parts.scheme}://{parts.netloc}"):
+            raise ValueError(f"{origin!r} is not the origin of a server on loopback")
+        self.local_servers.add(origin)
 
     def console(self, message: ConsoleMessage) -> None:
         text = message.text
@@ -344,7 +415,8 @@ class Watch:
     def request(self, request: Request) -> None:
         self.requests.append(request.url)
         parts = urlsplit(request.url)
-        if f"{parts.scheme}://{parts.netloc}" in self.expected_origins:
+        origin = f"{parts.scheme}://{parts.netloc}"
+        if origin in self.expected_origins or origin in self.local_servers:
             return
         if parts.scheme != "https" or parts.netloc != self.host:
             self.problems.append(f"request to another origin: {request.url}")
@@ -358,6 +430,14 @@ def watch(gateway: Gateway) -> Watch:
 @pytest.fixture
 def new_context(browser: Browser, watch: Watch) -> Iterator[Callable[..., BrowserContext]]:
     """New browser contexts (own cookies), watched; closed and checked after the test."""
+    with watched_contexts(browser, watch) as make:
+        yield make
+
+
+@contextmanager
+def watched_contexts(browser: Browser,
+                     watch: Watch) -> Iterator[Callable[..., BrowserContext]]:
+    """Make browser contexts that report to ``watch``; close them and check it at the end."""
     contexts: list[BrowserContext] = []
 
     def make(**options: Any) -> BrowserContext:
@@ -371,9 +451,11 @@ def new_context(browser: Browser, watch: Watch) -> Iterator[Callable[..., Browse
         contexts.append(context)
         return context
 
-    yield make
-    for context in contexts:
-        context.close()
+    try:
+        yield make
+    finally:
+        for context in contexts:
+            context.close()
     assert watch.problems == [], "\n".join(
         [*watch.problems, "console:", *watch.messages])
 
@@ -434,3 +516,72 @@ def log_in(page: Page, username: str, password: str = PASSWORD) -> None:
     page.get_by_label("Password").fill(password)
     with page.expect_navigation():
         page.get_by_role("button", name="Log in").click()
+
+
+# --- connections (OAuth) -----------------------------------------------------------------
+
+# The third-party account the OAuth gateway's catalog adds: the test provider
+# (tests/oidc) plays the service, its client connect-app is the registration.
+CONNECTION_TYPE = "example"
+CONNECT_SECRET_ENV = "TEST_CONNECT_CLIENT_SECRET"
+
+
+def connection_catalog(provider: OidcProvider) -> str:
+    """The shipped catalog, and an OAuth type at ``provider`` after it."""
+    shipped = (resources.CONFIG / "credential_types.toml").read_text()
+    return shipped + textwrap.dedent(f"""
+        [{CONNECTION_TYPE}]
+        label = "Example account"
+        kind = "oauth"
+        help = "Your Example account holds your repositories and their issues."
+
+        [{CONNECTION_TYPE}.oauth]
+        issuer = "{provider.issuer}"
+        client_id = "{provider.connect_client_id}"
+        client_secret_env = "{CONNECT_SECRET_ENV}"
+        scopes = ["openid", "profile", "repo"]
+        account_field = "preferred_username"
+        """)
+
+
+@pytest.fixture(scope="package")
+def oauth_gateway(gateway: Gateway, oidc_provider: OidcProvider) -> Iterator[Gateway]:
+    """A second gateway whose catalog has an OAuth type at the test provider.
+
+    Served beside the shared one so that the other browser tests need no
+    provider (and no Node.js): only the tests that connect accounts start it.
+    """
+    catalog = gateway.workdir / "credential_types.toml"
+    catalog.write_text(connection_catalog(oidc_provider))
+    settings = {"GATEWAY_CREDENTIAL_TYPES_FILE": str(catalog),
+                CONNECT_SECRET_ENV: oidc_provider.connect_client_secret}
+    # The provider listens on loopback over plain http, which the gateway refuses unless told.
+    with serve_alongside(gateway, "oauth", settings,
+                         also_reach=[urlsplit(oidc_provider.issuer).netloc]) as server:
+        yield server
+
+
+@pytest.fixture
+def connect_app(oauth_gateway: Gateway, oidc_provider: OidcProvider) -> OidcProvider:
+    """The provider, with the OAuth gateway's callback registered for connect-app.
+
+    Registered for each test: the provider forgets it when it is reset after one.
+    """
+    oidc_provider.add_connect_redirect_uri(oauth_gateway.url("/oauth/callback"))
+    return oidc_provider
+
+
+@pytest.fixture
+def oauth_watch(oauth_gateway: Gateway, connect_app: OidcProvider) -> Watch:
+    """The watch for pages of the OAuth gateway: the provider's pages may be visited too."""
+    watch = Watch(oauth_gateway.host)
+    watch.allow_local_server(connect_app.issuer)
+    return watch
+
+
+@pytest.fixture
+def oauth_context(browser: Browser,
+                  oauth_watch: Watch) -> Iterator[Callable[..., BrowserContext]]:
+    """New browser contexts for the OAuth gateway and the provider, watched as ``new_context``."""
+    with watched_contexts(browser, oauth_watch) as make:
+        yield make

@@ -3,7 +3,8 @@
 Each test walks the same tour of pages (login, a failed login, the request
 page, another account's link, the done page, the account page, an unknown
 link, the start page, log out) and checks one property on each page it
-reaches.
+reaches. The connection pages (connect, connected) have a tour of their
+own on the OAuth gateway, through the test provider, with the same checks.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import BrowserContext, Page, Response, expect
 
-from tests.browser.conftest import PASSWORD, Gateway, Watch, log_in
+from tests.browser.conftest import CONNECTION_TYPE, PASSWORD, Gateway, Watch, log_in
+from tests.oidc.fixtures import OidcProvider
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +39,18 @@ def people(gateway: Gateway) -> tuple[str, str]:
     return alice, bob
 
 
+def visitor(page: Page, check: Check, seen: list[str]) -> Callable[..., None]:
+    """``at(name, response, status=200)``: the page has arrived; check it and note its name."""
+
+    def at(name: str, response: Response | None, status: int = 200) -> None:
+        assert response is not None, f"no response for the {name} page"
+        assert response.status == status, f"{name}: {response.status} at {response.url}"
+        seen.append(name)
+        check(name, page, response)
+
+    return at
+
+
 @dataclass
 class Tour:
     gateway: Gateway
@@ -51,12 +65,7 @@ class Tour:
                                          "for your saved places can be fetched every hour.")
         others = gateway.ask_for_key(other, "Connect your weather API key")
         page = self.context.new_page()
-
-        def at(name: str, response: Response | None, status: int = 200) -> None:
-            assert response is not None, f"no response for the {name} page"
-            assert response.status == status, f"{name}: {response.status} at {response.url}"
-            seen.append(name)
-            check(name, page, response)
+        at = visitor(page, check, seen)
 
         at("login", page.goto(link["url"]))
         with page.expect_navigation() as failed:
@@ -97,6 +106,46 @@ def tour(gateway: Gateway, people: tuple[str, str],
     return lambda **options: Tour(gateway, people, new_context(**options))
 
 
+@dataclass
+class ConnectionTour:
+    gateway: Gateway
+    provider: OidcProvider
+    people: tuple[str, str]
+    context: BrowserContext
+
+    def walk(self, check: Check) -> list[str]:
+        """Connect an account, checking the gateway's pages on the way (not the provider's)."""
+        gateway, seen = self.gateway, []
+        user, _ = self.people
+        link = gateway.ask_to_connect(user, "Connect your Example account so that storm "
+                                            "warnings can be filed as issues.", CONNECTION_TYPE)
+        page = self.context.new_page()
+        at = visitor(page, check, seen)
+        page.goto(link["url"])
+        with page.expect_navigation() as arrived:
+            log_in_without_waiting(page, user, PASSWORD)
+        at("connect", arrived.value)
+        page.get_by_role("button", name=re.compile(r"^Connect at ")).click()
+        page.locator("input[name=login]").fill("alice")
+        page.locator("input[name=password]").fill(self.provider.password)
+        page.get_by_role("button", name="Sign in").click()
+        callback = re.compile(re.escape(gateway.url("/oauth/callback")))
+        with page.expect_navigation(url=callback) as back:
+            page.get_by_role("button", name="Allow").click()
+        at("connected", back.value)
+        return seen
+
+
+CONNECTION_PAGES = ["connect", "connected"]
+
+
+@pytest.fixture
+def connection_tour(oauth_gateway: Gateway, connect_app: OidcProvider, people: tuple[str, str],
+                    oauth_context: Callable[..., BrowserContext]) -> Callable[..., ConnectionTour]:
+    return lambda **options: ConnectionTour(oauth_gateway, connect_app, people,
+                                            oauth_context(**options))
+
+
 # --- labels and keyboard ------------------------------------------------------------------
 
 
@@ -117,20 +166,24 @@ def assert_every_control_is_labelled(name: str, page: Page) -> None:
         expect(buttons.nth(index)).to_have_accessible_name(re.compile(r"\w"))
 
 
-def test_every_field_and_button_has_a_programmatic_label(tour: Callable[..., Tour]) -> None:
-    def check(name: str, page: Page, response: Response) -> None:
-        assert_every_control_is_labelled(name, page)
-        if name.startswith("login"):
-            expect(page.get_by_label("User name")).to_have_id("username")
-            expect(page.get_by_label("Password")).to_have_id("password")
-        elif name == "elicitation":
-            expect(page.get_by_label("API key")).to_have_id("secret")
-            expect(page.get_by_role("button", name="Show key")).to_be_visible()
-        elif name == "account":
-            expect(page.get_by_role("button", name=re.compile(
-                r"^Revoke the API key ending …\w{4} for "))).to_have_text("Revoke")
+def labelled(name: str, page: Page, response: Response) -> None:
+    """Check: every control is labelled, and the ones that matter have the right label."""
+    assert_every_control_is_labelled(name, page)
+    if name.startswith("login"):
+        expect(page.get_by_label("User name")).to_have_id("username")
+        expect(page.get_by_label("Password")).to_have_id("password")
+    elif name == "elicitation":
+        expect(page.get_by_label("API key")).to_have_id("secret")
+        expect(page.get_by_role("button", name="Show key")).to_be_visible()
+    elif name == "account":
+        expect(page.get_by_role("button", name=re.compile(
+            r"^Revoke the API key ending …\w{4} for "))).to_have_text("Revoke")
+    elif name == "connect":
+        expect(page.get_by_role("button", name=re.compile(r"^Connect at \S+$"))).to_be_visible()
 
-    assert tour().walk(check) == ALL_PAGES
+
+def test_every_field_and_button_has_a_programmatic_label(tour: Callable[..., Tour]) -> None:
+    assert tour().walk(labelled) == ALL_PAGES
 
 
 def focus_sequence(page: Page, stops: int) -> list[str]:
@@ -220,18 +273,20 @@ def test_the_contrast_function_matches_known_ratios() -> None:
     assert contrast([118, 118, 118], [255, 255, 255]) == pytest.approx(4.54, abs=0.01)
 
 
-def test_text_and_buttons_have_enough_contrast(tour: Callable[..., Tour]) -> None:
-    def check(name: str, page: Page, response: Response) -> None:
-        items: list[dict[str, Any]] = page.evaluate(COLOURS)
-        if name in ("login", "elicitation", "account", "logout"):
-            assert any(item["what"].startswith("button") for item in items), name
-        for item in items:
-            assert item["fg"], f"{name}: cannot read the colour {item['colour']!r}"
-            assert item["fg"]["alpha"] == 1, f"{name}: translucent text {item['what']!r}"
-            ratio = contrast(item["fg"]["rgb"], item["bg"]["rgb"])
-            assert ratio >= 4.5, f"{name}: {item['what']!r} has contrast {ratio:.2f}"
+def readable(name: str, page: Page, response: Response) -> None:
+    """Check: text and buttons stand out from their background (WCAG AA, 4.5:1)."""
+    items: list[dict[str, Any]] = page.evaluate(COLOURS)
+    if name in ("login", "elicitation", "account", "logout", "connect"):
+        assert any(item["what"].startswith("button") for item in items), name
+    for item in items:
+        assert item["fg"], f"{name}: cannot read the colour {item['colour']!r}"
+        assert item["fg"]["alpha"] == 1, f"{name}: translucent text {item['what']!r}"
+        ratio = contrast(item["fg"]["rgb"], item["bg"]["rgb"])
+        assert ratio >= 4.5, f"{name}: {item['what']!r} has contrast {ratio:.2f}"
 
-    assert tour().walk(check) == ALL_PAGES
+
+def test_text_and_buttons_have_enough_contrast(tour: Callable[..., Tour]) -> None:
+    assert tour().walk(readable) == ALL_PAGES
 
 
 def test_focus_outline_is_visible_against_the_page(
@@ -263,17 +318,23 @@ def test_focus_outline_is_visible_against_the_page(
 # --- layout ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("viewport", [MOBILE, DESKTOP], ids=["360px", "1280px"])
-def test_no_horizontal_scrolling_and_screenshots(
-    tour: Callable[..., Tour], viewport: dict[str, int], screenshots: Path,
-) -> None:
+def fits(screenshots: Path, viewport: dict[str, int]) -> Check:
+    """Check: no horizontal scrolling at ``viewport``; each page's picture kept for a look."""
+
     def check(name: str, page: Page, response: Response) -> None:
         page.screenshot(path=screenshots / f"{name}-{viewport['width']}.png", full_page=True)
         scroll = page.evaluate("() => { const s = document.scrollingElement;"
                                " return [s.scrollWidth, s.clientWidth]; }")
         assert scroll[0] <= scroll[1], f"{name}: {scroll[0]} px wide in a {scroll[1]} px view"
 
-    assert tour(viewport=viewport).walk(check) == ALL_PAGES
+    return check
+
+
+@pytest.mark.parametrize("viewport", [MOBILE, DESKTOP], ids=["360px", "1280px"])
+def test_no_horizontal_scrolling_and_screenshots(
+    tour: Callable[..., Tour], viewport: dict[str, int], screenshots: Path,
+) -> None:
+    assert tour(viewport=viewport).walk(fits(screenshots, viewport)) == ALL_PAGES
 
 
 # --- what the pages load and contain -------------------------------------------------------
@@ -306,13 +367,20 @@ class InlineCode(HTMLParser):
             self.found.append(f"<{tag}> with a javascript: URL")
 
 
-def test_pages_load_only_from_the_gateway_and_carry_no_inline_code(
-    tour: Callable[..., Tour], watch: Watch,
-) -> None:
-    """No third-party asset; no inline style, and no script without the CSP nonce."""
-    scripts: dict[str, int] = {}
+# What each page loaded, as the page itself saw it (Resource Timing).
+LOADED = "() => performance.getEntriesByType('resource').map(entry => entry.name)"
 
-    def check(name: str, page: Page, response: Response) -> None:
+
+@dataclass
+class Hygiene:
+    """Check: no inline code, a script only with the CSP nonce, assets only from the gateway.
+
+    Counts the scripts of each page it saw, in ``scripts``.
+    """
+
+    scripts: dict[str, int] = field(default_factory=dict)
+
+    def __call__(self, name: str, page: Page, response: Response) -> None:
         policy = response.headers["content-security-policy"]
         # A page with a script allows exactly its nonce; any other, no script.
         nonce = re.search(r"script-src 'nonce-([^']+)'(;|$)", policy)
@@ -322,16 +390,49 @@ def test_pages_load_only_from_the_gateway_and_carry_no_inline_code(
         parser = InlineCode(nonce.group(1) if nonce else None)
         parser.feed(response.text())
         assert parser.found == [], f"{name}: {parser.found}"
-        scripts[name] = parser.scripts
+        self.scripts[name] = parser.scripts
+        origin, loaded = page.evaluate("() => location.origin"), page.evaluate(LOADED)
+        assert f"{origin}/static/gateway.css" in loaded, f"{name}: {loaded}"
+        elsewhere = [url for url in loaded if not url.startswith(f"{origin}/")]
+        assert elsewhere == [], f"{name}: {elsewhere}"
 
-    tour().walk(check)
+
+def test_pages_load_only_from_the_gateway_and_carry_no_inline_code(
+    tour: Callable[..., Tour], watch: Watch,
+) -> None:
+    """No third-party asset; no inline style, and no script without the CSP nonce."""
+    hygiene = Hygiene()
+    tour().walk(hygiene)
     # The show/hide toggle and the expiry's local time, each with the nonce.
-    assert scripts["elicitation"] == 2
+    assert hygiene.scripts["elicitation"] == 2
     assert any(url.endswith("/static/gateway.css") for url in watch.requests)
     assert any(url.endswith("/static/reveal.js") for url in watch.requests)
     assert any(url.endswith("/static/localtime.js") for url in watch.requests)
     elsewhere = [url for url in watch.requests if not url.startswith(f"https://{watch.host}/")]
     assert elsewhere == []
+
+
+# --- the connection pages ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("viewport", [MOBILE, DESKTOP], ids=["360px", "1280px"])
+def test_the_connection_pages_pass_the_same_checks(
+    connection_tour: Callable[..., ConnectionTour], viewport: dict[str, int], screenshots: Path,
+) -> None:
+    """Labels, contrast, layout and hygiene of the connect and connected pages.
+
+    Every check runs on one walk per viewport, as each walk signs in at the provider.
+    """
+    hygiene = Hygiene()
+    checks = [labelled, readable, fits(screenshots, viewport), hygiene]
+
+    def check(name: str, page: Page, response: Response) -> None:
+        for each in checks:
+            each(name, page, response)
+
+    assert connection_tour(viewport=viewport).walk(check) == CONNECTION_PAGES
+    # The connect page's one script shows the expiry in local time, with the nonce.
+    assert hygiene.scripts == {"connect": 1, "connected": 0}
 
 
 def test_the_watch_catches_csp_violations(gateway: Gateway, page: Page, watch: Watch) -> None:

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
-from dataclasses import replace
 from urllib.parse import urlsplit
 
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect
 
-from gateway.serving.tls import dev_certificate_paths
-from tests.browser.conftest import GATEWAY, TIMEOUT_MS, Gateway, _wait_until_healthy
-from tests.integration.conftest import free_port
+from tests.browser.conftest import TIMEOUT_MS, Gateway, serve_alongside
 from tests.oidc.fixtures import OidcProvider
 
 KEY = "oidc-browser-key-7c1e9b"
@@ -20,36 +16,14 @@ KEY = "oidc-browser-key-7c1e9b"
 
 @pytest.fixture(scope="module")
 def oidc_gateway(gateway: Gateway, oidc_provider: OidcProvider) -> Iterator[Gateway]:
-    """A second ``gateway serve`` on the same database, logging users in at the provider.
-
-    It serves the first one's certificate, which the browser already trusts.
-    """
-    port = free_port()
-    origin = f"https://localhost:{port}"
-    oidc_provider.add_redirect_uri(f"{origin}/login/callback")
-    environ = {**gateway.environ, "GATEWAY_PUBLIC_URL": origin,
-               "GATEWAY_LOGIN_BACKEND": "oidc", "GATEWAY_OIDC_ISSUER": oidc_provider.issuer,
-               "GATEWAY_OIDC_CLIENT_ID": oidc_provider.client_id,
-               "GATEWAY_OIDC_CLIENT_SECRET": oidc_provider.client_secret,
-               # Added to whatever the first gateway may already reach.
-               "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS": ",".join(filter(None, (
-                   gateway.environ.get("GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS"),
-                   urlsplit(oidc_provider.issuer).netloc)))}
-    certfile, keyfile = dev_certificate_paths(gateway.workdir / "instance")
-    log = gateway.workdir / f"serve-oidc-{port}.log"
-    with log.open("w") as handle:
-        process = subprocess.Popen(
-            [*GATEWAY, "serve", "--port", str(port), "--workers", "1", "--threads", "8",
-             "--certfile", str(certfile), "--keyfile", str(keyfile), "--no-worker"],
-            env=environ, cwd=gateway.workdir, stdout=handle, stderr=subprocess.STDOUT,
-            text=True)
-    server = replace(gateway, origin=origin, environ=environ, process=process, log=log)
-    try:
-        _wait_until_healthy(server)
+    """A second ``gateway serve`` on the same database, logging users in at the provider."""
+    settings = {"GATEWAY_LOGIN_BACKEND": "oidc", "GATEWAY_OIDC_ISSUER": oidc_provider.issuer,
+                "GATEWAY_OIDC_CLIENT_ID": oidc_provider.client_id,
+                "GATEWAY_OIDC_CLIENT_SECRET": oidc_provider.client_secret}
+    with serve_alongside(gateway, "oidc", settings,
+                         also_reach=[urlsplit(oidc_provider.issuer).netloc]) as server:
+        oidc_provider.add_redirect_uri(server.url("/login/callback"))
         yield server
-    finally:
-        process.terminate()
-        process.wait(timeout=15)
 
 
 @pytest.fixture
