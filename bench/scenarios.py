@@ -289,18 +289,24 @@ def _api_token(gateway: Gateway, name: str, webhook_url: str | None = None) -> s
     the outbound guard refuses unless told otherwise: allowed for this command
     only. The bench runs no ``gateway worker``, so nothing is ever sent there.
     """
+    return _new_client(gateway, name, webhook_url)[1]
+
+
+def _new_client(gateway: Gateway, name: str, webhook_url: str | None = None) -> tuple[str, str]:
+    """A new API client (``gateway clients create NAME --json``): its id and bearer token."""
     webhook = ("--webhook-url", webhook_url) if webhook_url else ()
     allow = {"GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS": urlsplit(webhook_url).netloc} \
         if webhook_url else None
     output = gateway.cli("clients", "create", name, *webhook, "--json", extra_environ=allow)
     try:
-        token = json.loads(output)["api_token"]
+        minted = json.loads(output)
+        client_id, token = minted["client_id"], minted["api_token"]
     except (ValueError, KeyError, TypeError):
         raise SetupError(f"`gateway clients create {name} --json` printed no api_token") \
             from None
-    if not isinstance(token, str):
+    if not isinstance(client_id, str) or not isinstance(token, str):
         raise SetupError(f"`gateway clients create {name} --json` printed no api_token")
-    return token
+    return client_id, token
 
 
 def _pending_elicitation(gateway: Gateway, token: str, message: str) -> str:
@@ -613,6 +619,41 @@ register(Scenario(
     # The token's look-up, which reads the key in the same statement; the
     # audit row, committed on its own (concurrent reveals share the commit).
     floor=("read", "write"),
+))
+
+
+# An OAuth connection whose access token needs no refresh, stored by
+# bench/oauth_connection.py (a process of its own: this module may not import
+# the gateway). Its made-up tokens never reach a provider.
+OAUTH_SEED = Path(__file__).with_name("oauth_connection.py")
+
+
+def _reveal_oauth_setup(gateway: Gateway, request: Request) -> Request:
+    client_id, token = _new_client(gateway, "bench-reveal-oauth")
+    seeded = subprocess.run([sys.executable, str(OAUTH_SEED), client_id, ISSUER, "bench-user"],
+                            env=dict(gateway.environ), capture_output=True, text=True,
+                            check=False)
+    if seeded.returncode != 0:
+        last = (seeded.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SetupError(f"storing an OAuth connection to reveal failed: {last}")
+    return dataclasses.replace(request, path=f"{CREDENTIALS}/{seeded.stdout.strip()}/reveal") \
+        .with_header("Authorization", f"Bearer {token}")
+
+
+register(Scenario(
+    name="reveal-oauth",
+    description="POST /api/v1/credentials/{id}/reveal of an OAuth connection whose access "
+                "token is fresh: as `reveal`, plus the expiry check; no provider is asked",
+    request=Request("POST", f"{CREDENTIALS}/{{id}}/reveal"),
+    # The bare app has one view per path: `reveal`'s. A connection's answer
+    # has four more fields, about 110 bytes the bare one leaves out.
+    bare_view=_reveal_bare,
+    setup=_reveal_oauth_setup,
+    bare_rule=f"{CREDENTIALS}/<credential_id>/reveal",
+    # The same statements as `reveal`: a fresh token is handed out in the one
+    # transaction that reads the row and writes the audit row.
+    floor=("read", "write"),
+    in_default_run=False,
 ))
 
 

@@ -1,4 +1,4 @@
-"""An MCP server that uses the gateway: a weather tool needing the user's API key, and a paid one.
+"""An MCP server using the gateway: tools that need an API key, a payment or a connected account.
 
 Runs on the official ``mcp`` SDK over streamable HTTP. Its users sign in to
 their MCP client with the same OpenID Connect provider the gateway trusts;
@@ -12,6 +12,11 @@ in to the gateway, can answer the link.
            GATEWAY_WEBHOOK_SECRET=whsec_... GATEWAY_CA_BUNDLE=instance/tls/localhost-cert.pem \\
            OIDC_ISSUER=https://auth.example.com OIDC_AUDIENCE=weather-mcp
     python examples/weather_server.py --port 8000
+
+For the OAuth tool, ``whoami_on_provider``, also set
+``WEATHER_OAUTH_TYPE`` (an OAuth credential type of the gateway's catalog)
+and ``WEATHER_OAUTH_USERINFO_URL`` (the provider's userinfo endpoint, which
+the tool calls with the user's access token).
 
 When the gateway refuses a call (payments not configured, a revoked API
 token) or does not answer, the tool call ends as a tool error in the
@@ -29,6 +34,7 @@ import argparse
 import os
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio.to_thread
 import jwt
@@ -36,10 +42,16 @@ import requests
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import InputRequiredResult
 
-from gateway.client import GatewayClient
-from gateway.client.mcp import CompletionNotifier, GatewayElicitations, subject_of
+from gateway.client import GatewayClient, InvalidRequest, ProviderUnavailable, RevealedCredential
+from gateway.client.mcp import (
+    CompletionNotifier,
+    GatewayCallFailed,
+    GatewayElicitations,
+    subject_of,
+)
 
 # Asymmetric algorithms only: a token signed with "none" or an HMAC is never accepted.
 ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "EdDSA"]
@@ -55,6 +67,9 @@ class Config:
     public_url: str = "http://127.0.0.1:8000"
     gateway_ca_bundle: str | None = None
     credential_type: str = "generic"
+    # The OAuth tool's provider: unset, the tool says it is not configured.
+    oauth_type: str | None = None
+    oauth_userinfo_url: str | None = None
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> Config:
@@ -63,11 +78,26 @@ class Config:
                                      "OIDC_ISSUER", "OIDC_AUDIENCE") if not env.get(name)]
         if missing:
             raise SystemExit(f"set {', '.join(missing)} (see docs/sdk.md)")
+        oauth_type = env.get("WEATHER_OAUTH_TYPE") or None
+        userinfo_url = env.get("WEATHER_OAUTH_USERINFO_URL") or None
+        if oauth_type and not userinfo_url:
+            raise SystemExit("WEATHER_OAUTH_TYPE needs WEATHER_OAUTH_USERINFO_URL, the "
+                             "provider's userinfo endpoint")
+        if userinfo_url and not _safe_for_tokens(userinfo_url):
+            raise SystemExit("WEATHER_OAUTH_USERINFO_URL must be https:// (plain http only "
+                             "to 127.0.0.1 or localhost): it is sent access tokens")
         return cls(env["GATEWAY_URL"], env["GATEWAY_API_TOKEN"], env["GATEWAY_WEBHOOK_SECRET"],
                    env["OIDC_ISSUER"], env["OIDC_AUDIENCE"],
                    public_url=env.get("MCP_PUBLIC_URL", cls.public_url),
                    gateway_ca_bundle=env.get("GATEWAY_CA_BUNDLE") or None,
-                   credential_type=env.get("WEATHER_CREDENTIAL_TYPE", cls.credential_type))
+                   credential_type=env.get("WEATHER_CREDENTIAL_TYPE", cls.credential_type),
+                   oauth_type=oauth_type, oauth_userinfo_url=userinfo_url)
+
+
+def _safe_for_tokens(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.scheme == "https" or (
+        parts.scheme == "http" and parts.hostname in ("127.0.0.1", "localhost"))
 
 
 class OidcJwtVerifier:
@@ -138,8 +168,70 @@ def build_server(config: Config) -> tuple[MCPServer, GatewayElicitations]:
             return paid
         return f"14 days in {city}: mostly sunny (order {order_id}, payment {paid.id})"
 
+    @server.tool()
+    async def whoami_on_provider(ctx: Context) -> str | InputRequiredResult:
+        """The account you connected at the OAuth provider; the first use asks you to connect."""
+        if config.oauth_type is None or config.oauth_userinfo_url is None:
+            raise ToolError("This server has no OAuth provider configured: its operator sets "
+                            "WEATHER_OAUTH_TYPE and WEATHER_OAUTH_USERINFO_URL.")
+        try:
+            token = await elicitations.oauth_token(
+                ctx, subject_of(), config.oauth_type,
+                "Connect your account so this server can see who you are there.")
+        except GatewayCallFailed as failed:
+            # The helper's error already has the gateway's words; two cases this
+            # server can put better for its own users.
+            refused = failed.error
+            if isinstance(refused, InvalidRequest) and \
+                    refused.problem.get("field") == "credential_type":
+                raise ToolError(f"The gateway has no OAuth connection type "
+                                f"{config.oauth_type!r} configured ({refused.detail}). Its "
+                                "operator adds one (kind = \"oauth\") to its credential types "
+                                "file.") from None
+            if isinstance(refused, ProviderUnavailable):
+                raise ToolError("The provider of your account is not answering; try again in "
+                                f"{refused.retry_after or 30:.0f} seconds.") from None
+            raise
+        if isinstance(token, InputRequiredResult):
+            return token
+        name = await anyio.to_thread.run_sync(
+            account_at, gateway, config.oauth_userinfo_url, token)
+        return f"You are {name} at {urlsplit(config.oauth_userinfo_url).hostname}."
+
     server.custom_route("/webhooks/gateway", methods=["POST"])(notifier.endpoint)
     return server, elicitations
+
+
+# The userinfo claims that name an account, most specific first.
+ACCOUNT_CLAIMS = ("login", "preferred_username", "email", "name", "sub")
+
+
+def account_at(gateway: GatewayClient, userinfo_url: str, token: RevealedCredential) -> str:
+    """The account name the provider's userinfo endpoint gives for this access token."""
+    try:
+        answer = requests.get(userinfo_url, timeout=10, allow_redirects=False, headers={
+            # Bearer whatever the token response spelled: schemes are case-insensitive,
+            # and this example supports no other kind of token.
+            "Authorization": f"Bearer {token.secret}", "Accept": "application/json"})
+    except requests.RequestException:
+        raise ToolError("The provider's userinfo endpoint did not answer; try again later.") \
+            from None
+    if answer.status_code == 401:
+        # Revoked at the provider: forget it, so the next call asks the user to connect again.
+        gateway.revoke_credential(token.id)
+        raise ToolError("The provider no longer accepts your connection; call this tool again "
+                        "to connect your account anew.")
+    if answer.status_code != 200:
+        raise ToolError(f"The provider's userinfo endpoint answered HTTP {answer.status_code}.")
+    try:
+        claims = answer.json()
+    except ValueError:
+        claims = None
+    if isinstance(claims, dict):
+        for claim in ACCOUNT_CLAIMS:
+            if isinstance(claims.get(claim), str | int) and str(claims[claim]).strip():
+                return str(claims[claim])
+    return token.account or "an account the provider does not name"
 
 
 def main() -> None:

@@ -6,10 +6,12 @@ and which setting or file to look at, and a non-zero exit.
 
 from __future__ import annotations
 
+import difflib
 import getpass
 import importlib
 import json
 import logging
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final, NoReturn
@@ -115,17 +117,26 @@ def transaction() -> Iterator[Session]:
 
 def key_versions() -> KeyVersions:
     """The vault's key versions for this command, its keyring read now; one line if it is bad."""
+    from gateway.vault.keyring import KeyringError
+
+    try:
+        return open_key_versions()
+    except KeyringError as error:
+        fail(str(error))
+
+
+def open_key_versions() -> KeyVersions:
+    """The vault's key versions for this command; raises KeyringError if the keyring is bad.
+
+    For a command that can go on without the vault, saying what it could not do.
+    """
     from gateway.clock import SystemClock
     from gateway.db import make_engine
     from gateway.vault import versions
-    from gateway.vault.keyring import KeyringError
 
     engine = make_engine(settings().database_url)
     click.get_current_context().call_on_close(engine.dispose)
-    try:
-        return versions.for_command(settings(), engine, SystemClock(), role="cli")
-    except KeyringError as error:
-        fail(str(error))
+    return versions.for_command(settings(), engine, SystemClock(), role="cli")
 
 
 def echo_json(value: Any) -> None:
@@ -159,7 +170,62 @@ def cell(value: Any) -> str:
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(value))
 
 
-class FeatureGroup(click.Group):
+def close_names(typed: str, names: Sequence[str]) -> list[str]:
+    """The names a mistyped command was most likely meant as.
+
+    Names that start with or contain what was typed (``rotate`` for
+    ``rotate-token`` and ``rotate-webhook-secret``), then close spellings
+    (``stauts`` for ``status``), closest first.
+    """
+    typed = typed.lower()
+    holding = [name for name in names
+               if name.startswith(typed) or (len(typed) >= 4 and typed in name)]
+    close = difflib.get_close_matches(typed, names, n=3, cutoff=0.6)
+    return list(dict.fromkeys([*holding, *close]))
+
+
+def no_such_command(typed: str, names: Sequence[str]) -> str:
+    """The message for an unknown command: the closest names, or all of them."""
+    found = close_names(typed, names)
+    quoted = ", ".join(repr(name) for name in found)
+    if len(found) == 1:
+        return f"No such command {typed!r}. Did you mean {quoted}?"
+    if found:
+        return f"No such command {typed!r}. Did you mean one of {quoted}?"
+    return f"No such command {typed!r}. The commands are: {', '.join(names)}."
+
+
+class Group(click.Group):
+    """A command group of the gateway; every group, at every level, is one of these.
+
+    A mistyped command is answered with the closest names (Click suggests
+    only from a group's registered commands, which lazily loaded groups do
+    not fill, and only from version 8.4). The help lists each command with
+    its whole first sentence: Click cuts it to fit one line, with "...".
+    """
+
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        typed = click.utils.make_str(args[0])
+        if (self.get_command(ctx, typed) is None and not ctx.resilient_parsing
+                and not typed.startswith("-")):  # an option: Click parses it again
+            visible = [name for name in self.list_commands(ctx)
+                       if not getattr(self.get_command(ctx, name), "hidden", True)]
+            raise click.UsageError(no_such_command(typed, visible), ctx)
+        return super().resolve_command(ctx, args)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=sys.maxsize)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+class FeatureGroup(Group):
     """The top-level group, loading each feature's commands on demand."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:

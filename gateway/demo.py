@@ -2,10 +2,12 @@
 
 It sets up whatever is missing (instance folder, schema), registers a demo
 MCP server whose webhooks go to a small receiver in this process (which
-verifies each delivery and prints it), creates a local user with a fresh
-random password and one API-key elicitation for them, and serves HTTPS.
-Open the printed link, log in with the printed user, enter any key, and
-watch the verified webhook arrive.
+verifies each delivery and prints it), creates a local user, and makes one
+API-key elicitation for them, then serves HTTPS. Open the printed link, log
+in with the printed user, enter any key, and watch the verified webhook
+arrive. Run again on the same instance, it keeps the one MCP server and the
+one user: the server's webhooks go to the new run's receiver, and the user
+gets a fresh password.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import json
 import os
 import secrets
 import threading
-from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -25,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway import cli, migrations
 from gateway.client.webhooks import WebhookVerificationError, verify_webhook
 from gateway.clients import service as clients
-from gateway.clients.models import ClientIdentity
+from gateway.clients.models import Client, ClientIdentity
 from gateway.clock import SystemClock
 from gateway.credentials.catalog import catalog_of
 from gateway.db import make_engine
@@ -36,10 +37,12 @@ from gateway.identity import service as identity
 from gateway.identity.models import User
 from gateway.instance import config_path, create_instance
 from gateway.outbound import OutboundPolicy
-from gateway.settings import Settings, SettingsError, env_name
+from gateway.settings import Settings, SettingsError, env_name, load_settings
 from gateway.vault import versions
+from gateway.vault.keyring import KeySource
 
 DEMO_USER = "demo"
+DEMO_CLIENT = "Demo MCP server"
 
 
 class Receiver(BaseHTTPRequestHandler):
@@ -85,6 +88,21 @@ def _prepare_environment(port: int) -> None:
             cli.fail(str(error))
 
 
+def _allow(receiver: str) -> None:
+    """Let outbound calls reach the receiver over plain http, beside the hosts already allowed.
+
+    Those are the environment's list if it has one, else the config file's
+    (an OpenID Connect provider or an MCP server on this machine, say). The
+    environment wins over the file, so the receiver joins whichever list is
+    in force, or it would drop the file's.
+    """
+    try:
+        allowed = load_settings().outbound_allow_insecure_hosts
+    except (SettingsError, FileError) as error:
+        cli.fail(str(error))
+    os.environ[env_name("outbound_allow_insecure_hosts")] = ",".join((*allowed, receiver))
+
+
 def _user(session: Session, password: str) -> None:
     clock = SystemClock()
     if session.scalar(select(User.id).where(User.username == DEMO_USER)) is None:
@@ -95,7 +113,7 @@ def _user(session: Session, password: str) -> None:
                                 public_url=cli.settings().public_url, actor=cli.operator())
 
 
-def _seed(settings: Settings, receiver: str) -> tuple[str | None, str, str]:
+def _seed(settings: Settings, webhook_url: str) -> tuple[str | None, str, str]:
     """Client, user and elicitation; the link, the password and the webhook secret.
 
     With the OpenID Connect login there is no user and no link: the users are
@@ -104,21 +122,38 @@ def _seed(settings: Settings, receiver: str) -> tuple[str | None, str, str]:
     engine = make_engine(settings.database_url)
     migrations.upgrade(engine)
     password = secrets.token_urlsafe(12)
-    clock = SystemClock()
     link: str | None = None
+    keyring = versions.for_command(settings, engine, SystemClock(), role="demo")
     with sessionmaker(engine, expire_on_commit=False).begin() as session:
-        minted = clients.create_client(
-            session, clock, keyring=versions.for_command(settings, engine, clock, role="demo"),
-            pepper=settings.token_pepper,
-            catalog=catalog_of(settings),
-            name=f"Demo MCP server {datetime.now(UTC):%H%M%S}",
-            webhook_url=f"http://{receiver}/hooks", credential_types=[],
-            actor=cli.operator(), policy=OutboundPolicy.from_settings(settings))
+        client, webhook_secret = _demo_client(session, settings, keyring, webhook_url)
         if settings.login_backend == "local":
             _user(session, password)
-            link = _ask_demo_user(session, settings, clients.identity_of(minted.client))
+            link = _ask_demo_user(session, settings, clients.identity_of(client))
     engine.dispose()
-    return link, password, minted.webhook_secret
+    return link, password, webhook_secret
+
+
+def _demo_client(session: Session, settings: Settings, keyring: KeySource,
+                 webhook_url: str) -> tuple[Client, str]:
+    """The demo's MCP server, aimed at this run's receiver; its webhook secret.
+
+    One registration across runs: made on the first, and on each later one
+    pointed at the new receiver, so that webhooks still due from an earlier
+    run (a retry, an elicitation that expires) arrive here, not at the port
+    of a receiver that stopped with its demo.
+    """
+    clock, policy = SystemClock(), OutboundPolicy.from_settings(settings)
+    client = session.scalar(select(Client).where(Client.name == DEMO_CLIENT))
+    if client is None:
+        minted = clients.create_client(
+            session, clock, keyring=keyring, pepper=settings.token_pepper,
+            catalog=catalog_of(settings), name=DEMO_CLIENT,
+            webhook_url=webhook_url, credential_types=[], actor=cli.operator(), policy=policy)
+        return minted.client, minted.webhook_secret
+    clients.change_webhook_url(session, clock, client_ref=client.id, webhook_url=webhook_url,
+                               actor=cli.operator(), policy=policy)
+    # The newest secret: deliveries are signed with it (and any still in grace).
+    return client, clients.current_webhook_secrets(session, clock, keyring, client)[0]
 
 
 def _ask_demo_user(session: Session, settings: Settings, client: ClientIdentity) -> str:
@@ -145,13 +180,11 @@ def demo(port: int) -> None:
     _prepare_environment(port)
     # The receiver's address is known only once it listens: the worker that
     # `serve` starts reads it from the environment.
-    probe = _start_receiver("")
-    # Added to the hosts already allowed (an OpenID Connect provider or an MCP
-    # server on this machine, say), not in their place.
-    allowed = env_name("outbound_allow_insecure_hosts")
-    os.environ[allowed] = ",".join(filter(None, (os.environ.get(allowed), probe)))
+    receiver = _start_receiver("")
+    _allow(receiver)
     settings = cli.settings()
-    link, password, secret = _seed(settings, probe)
+    webhook_url = f"http://{receiver}/hooks"
+    link, password, secret = _seed(settings, webhook_url)
     Receiver.secret = secret
     click.echo()
     if link is None:
@@ -163,8 +196,8 @@ def demo(port: int) -> None:
         click.echo(f"open:     {link}")
         click.echo(f"user:     {DEMO_USER}")
         click.echo(f"password: {password}")
-    click.echo("Webhooks to the demo MCP server are verified and printed below. "
-               "Ctrl-C stops it.")
+    click.echo(f"Webhooks to the demo MCP server go to {webhook_url}; each is verified "
+               "and printed below. Ctrl-C stops it.")
     click.echo()
     click.get_current_context().invoke(serve, port=port, host="127.0.0.1", workers=1,
                                        threads=32, certfile=None, keyfile=None,

@@ -211,13 +211,38 @@ class OutboundPolicy:
         """The addresses to connect to, from one lookup, each one checked."""
         self.check_scheme(scheme, host, port)
         addresses = self._lookup(host, port)
-        if not self.allows_insecure(host, port):
-            for address in addresses:
-                reason = blocked_reason(address)
-                if reason is not None:
-                    destination = _origin(scheme, host, port)
-                    raise BlockedDestination(destination, f"{address} is {reason}")
+        for address in addresses:
+            self._check_address(scheme, host, port, address)
         return addresses
+
+    def check_url(self, url: str) -> None:
+        """Refuse ``url`` now if the guard would refuse it whatever the name resolves to.
+
+        The scheme, and the address when the URL names one; no lookup, so it
+        suits checks of configured URLs at start-up. A name is resolved and
+        its addresses checked when a request connects, as ever.
+        """
+        try:
+            parts = urlsplit(url)
+            port = parts.port or DEFAULT_PORTS.get(parts.scheme, 0)
+        except ValueError:
+            raise BlockedDestination("a malformed URL", "not a URL") from None
+        host = parts.hostname
+        if not host:
+            raise BlockedDestination(f"{parts.scheme}://", "the URL names no host")
+        self.check_scheme(parts.scheme, host, port)
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return  # a name: checked at connect time, after the lookup
+        self._check_address(parts.scheme, host, port, address)
+
+    def _check_address(self, scheme: str, host: str, port: int, address: IPAddress) -> None:
+        if self.allows_insecure(host, port):
+            return
+        reason = blocked_reason(address)
+        if reason is not None:
+            raise BlockedDestination(_origin(scheme, host, port), f"{address} is {reason}")
 
     def _lookup(self, host: str, port: int) -> list[IPAddress]:
         try:

@@ -89,6 +89,7 @@ class Settings:
     log_level: str = "info"
     log_format: str = "text"
     credential_types_file: Path | None = None
+    oauth_refresh_margin_seconds: int = 60
     session_idle_minutes: int = 15
     webhook_secret_grace_hours: int = 24
     webhook_concurrency: int = 8
@@ -213,7 +214,43 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     )
     from_file = _read_config_file(config_path, required=CONFIG_ENV in environ)
     values: dict[str, Any] = {"instance_path": instance_path, **from_file, **from_env}
+    _check_required_secrets(values, config_path, environ)
     return _validate(values)
+
+
+def _check_required_secrets(values: dict[str, Any], config_path: Path,
+                            environ: Mapping[str, str]) -> None:
+    """Each required secret is set; if not, the error says where the gateway looked.
+
+    A command run outside the instance folder finds no config file, and "the
+    secret is not set" alone would send the operator after the wrong thing.
+    """
+    for key in REQUIRED_SECRETS:
+        secret = values.get(key)
+        if secret is None:
+            raise SettingsError(env_name(key), _not_found(config_path, environ))
+        if len(secret.reveal()) < MIN_SECRET_LENGTH:
+            raise SettingsError(env_name(key), f"must be at least {MIN_SECRET_LENGTH} characters")
+
+
+def _not_found(config_path: Path, environ: Mapping[str, str]) -> str:
+    """Why a required secret is missing, naming the config file it was looked for in."""
+    if config_path.is_file():
+        return (f"not set, neither in {config_path} nor in the environment; "
+                "add it to one of them")
+    instance_env = env_name("instance_path")
+    folder = config_path.parent
+    state = "has no gateway.toml" if folder.is_dir() else "does not exist"
+    # (A file GATEWAY_CONFIG names but that is missing stopped us earlier.)
+    if instance_env in environ:
+        looked = (f"{instance_env} is {environ[instance_env]!r}, the folder "
+                  f"{folder.resolve()}, which {state}")
+    else:
+        looked = (f"{instance_env} is not set, so the gateway looked in ./instance, the "
+                  f"folder {folder.resolve()}, which {state}")
+    where = "there" if instance_env in environ else "here"
+    return (f"not set, and there is no config file to read it from: {looked}. Set "
+            f"{instance_env} to your instance folder, or run `gateway init` to make one {where}")
 
 
 def _read_environment(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -250,12 +287,6 @@ def _read_config_file(path: Path, *, required: bool) -> dict[str, Any]:
 
 
 def _validate(values: dict[str, Any]) -> Settings:
-    for key in REQUIRED_SECRETS:
-        secret = values.get(key)
-        if secret is None:
-            raise SettingsError(env_name(key), "not set; run `gateway init` or set it")
-        if len(secret.reveal()) < MIN_SECRET_LENGTH:
-            raise SettingsError(env_name(key), f"must be at least {MIN_SECRET_LENGTH} characters")
     values.setdefault("public_url", "https://localhost:8443")
     values["public_url"] = check_public_url(values["public_url"])
     instance_path: Path = values["instance_path"]
@@ -279,6 +310,7 @@ def _validate(values: dict[str, Any]) -> Settings:
         if values.get(key, 1) < 1:
             raise SettingsError(env_name(key), "must be 1 or more")
     _check_lease(values)
+    _check_refresh_margin(values)
     if values.get("login_backend") == "oidc":
         for key in ("oidc_issuer", "oidc_client_id", "oidc_client_secret"):
             if not values.get(key):
@@ -303,6 +335,18 @@ def _check_lease(values: dict[str, Any]) -> None:
     if lease <= 3 * timeout:
         raise SettingsError(env_name(lease_key), f"must be more than three times "
                             f"{env_name(timeout_key)} ({timeout}); got {lease}")
+
+
+MAX_REFRESH_MARGIN_SECONDS: Final = 3600
+
+
+def _check_refresh_margin(values: dict[str, Any]) -> None:
+    # Access tokens commonly live an hour: a margin as long would refresh
+    # nearly every token at nearly every reveal.
+    margin = values.get("oauth_refresh_margin_seconds", 0)
+    if not 0 <= margin <= MAX_REFRESH_MARGIN_SECONDS:
+        raise SettingsError(env_name("oauth_refresh_margin_seconds"),
+                            f"must be from 0 to {MAX_REFRESH_MARGIN_SECONDS}; got {margin}")
 
 
 def check_public_url(url: str) -> str:

@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from gateway import cli, migrations
+from gateway import cli, migrations, preflight
 from gateway.clients.models import Client, WebhookSecret
 from gateway.clients.service import current_webhook_secrets, webhook_secret_binding
 from gateway.clock import SystemClock
@@ -21,8 +21,9 @@ from gateway.db import for_reads, make_engine
 from gateway.elicitations.lifecycle import Status
 from gateway.elicitations.models import Elicitation
 from gateway.oauth.provider import CALLBACK_PATH
+from gateway.outbound import OutboundPolicy
 from gateway.pagination import timestamp
-from gateway.settings import Settings
+from gateway.settings import Settings, SettingsError
 from gateway.vault import versions
 from gateway.vault.envelope import VaultError, reveal_plaintext
 from gateway.vault.keyring import Keyring, KeyringError, load_keyring
@@ -61,6 +62,8 @@ def collect() -> dict[str, Any]:
             _check_key_versions(settings, root, keys)
         if "webhooks" in report:
             report["webhooks"]["unsigned_clients"] = _clients_that_cannot_sign(settings, root)
+    report["configuration"] = [problem.as_json() for problem in _configuration_problems(
+        settings, with_clients=bool(report["database"].get("current")))]
     report["oauth"] = _oauth(settings)
     return report
 
@@ -70,9 +73,24 @@ def _oauth(settings: Settings) -> dict[str, Any]:
     found: dict[str, Any] = {"redirect_uri": settings.public_url + CALLBACK_PATH}
     try:
         found["types"] = catalog_of(settings).ids_of("oauth")
-    except CatalogError as error:
+    except (CatalogError, SettingsError) as error:
         found["error"] = str(error)
     return found
+
+
+def _configuration_problems(settings: Settings, *, with_clients: bool) -> list[preflight.Problem]:
+    """What `gateway serve` would refuse to start with or warn of (gateway.preflight)."""
+    try:
+        policy = OutboundPolicy.from_settings(settings)
+    except SettingsError as error:
+        return [preflight.Problem(error.key, str(error).removeprefix(f"{error.key}: "),
+                        refuses_start=True)]
+    engine = make_engine(settings.database_url) if with_clients else None
+    try:
+        return preflight.problems(settings, policy, engine)
+    finally:
+        if engine is not None:
+            engine.dispose()
 
 
 def _clients_that_cannot_sign(settings: Settings, root: Keyring) -> list[str]:
@@ -185,7 +203,8 @@ def status(as_json: bool) -> None:
         _print(report)
     hooks = report.get("webhooks", {})
     healthy = (report["database"].get("current") and "error" not in report.get("keys", {})
-               and not hooks.get("stalled") and not hooks.get("unsigned_clients"))
+               and not hooks.get("stalled") and not hooks.get("unsigned_clients")
+               and not report["configuration"])
     if not healthy:
         raise SystemExit(1)
 
@@ -195,6 +214,14 @@ def _line(label: str, text: str, colour: str | None = None) -> None:
 
 
 def _print(report: dict[str, Any]) -> None:
+    _print_figures(report)
+    # Each names the setting to change; red for what `gateway serve` refuses to start with.
+    for problem in report["configuration"]:
+        _line("config", f"{problem['setting']}: {problem['problem']}",
+              "red" if problem["refuses_start"] else "yellow")
+
+
+def _print_figures(report: dict[str, Any]) -> None:
     database = report["database"]
     if not database["reachable"]:
         _line("database", f"unreachable ({database.get('error')})", "red")

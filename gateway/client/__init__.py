@@ -14,7 +14,9 @@ from gateway.client.errors import (
     InvalidRequest,
     NotFound,
     ProblemError,
+    ProviderUnavailable,
     RateLimited,
+    ReconnectRequired,
     TemporarilyUnavailable,
 )
 from gateway.client.models import Credential, Elicitation, Page, RevealedCredential, Subject
@@ -33,7 +35,9 @@ __all__ = [
     "NotFound",
     "Page",
     "ProblemError",
+    "ProviderUnavailable",
     "RateLimited",
+    "ReconnectRequired",
     "RevealedCredential",
     "Subject",
     "TemporarilyUnavailable",

@@ -4,6 +4,9 @@
 >>> asked = gateway.request_api_key(Subject(iss, sub), "openai", "Connect your OpenAI key")
 >>> asked.url                      # send the user here (or asked.mcp, as is)
 >>> done = gateway.wait_for_elicitation(asked.id, timeout=120)
+
+An OAuth connection is asked for the same way (``request_oauth``); revealing
+it gives a working access token.
 """
 
 from __future__ import annotations
@@ -11,8 +14,8 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any, Final, Literal
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Final
 
 import requests
 
@@ -20,6 +23,7 @@ from gateway.client.errors import InvalidRequest
 from gateway.client.models import (
     Credential,
     Elicitation,
+    ElicitationKind,
     ElicitationStatus,
     Page,
     RevealedCredential,
@@ -70,23 +74,29 @@ class GatewayClient:
     # --- elicitations ---------------------------------------------------------------
 
     def create_elicitation(
-        self, subject: Subject, *, kind: Literal["api_key", "payment"], message: str,
-        credential_type: str | None = None, payment: Mapping[str, Any] | None = None,
-        ttl_seconds: int | None = None, metadata: Mapping[str, Any] | None = None,
-        reuse_pending: bool = True, idempotency_key: str | None = None,
+        self, subject: Subject, *, kind: ElicitationKind, message: str,
+        credential_type: str | None = None, scopes: Sequence[str] | None = None,
+        payment: Mapping[str, Any] | None = None, ttl_seconds: int | None = None,
+        metadata: Mapping[str, Any] | None = None, reuse_pending: bool = True,
+        idempotency_key: str | None = None,
     ) -> Elicitation:
         """Create an elicitation, or get back the still-open one it would duplicate.
 
         With ``reuse_pending`` (the default) an open elicitation for the same
-        subject, kind and type comes back (``created`` is False) instead of a
-        new one. Every attempt carries the same ``Idempotency-Key`` (a fresh
-        random one unless given), so a retry after a lost answer cannot
-        create twice.
+        subject, kind and type (and the same payment, or the same scopes) comes
+        back (``created`` is False) instead of a new one. Every attempt carries
+        the same ``Idempotency-Key`` (a fresh random one unless given), so a
+        retry after a lost answer cannot create twice.
         """
         body: dict[str, Any] = {"subject": subject.to_json(), "kind": kind, "message": message,
                                 "reuse_pending": reuse_pending}
         if credential_type is not None:
             body["credential_type"] = credential_type
+        if isinstance(scopes, str):
+            # A lone string would go out as one scope per character.
+            raise TypeError("scopes is a list of scope names, not a string")
+        if scopes is not None:
+            body["scopes"] = list(scopes)
         if payment is not None:
             body["payment"] = dict(payment)
         if ttl_seconds is not None:
@@ -108,6 +118,22 @@ class GatewayClient:
             subject, kind="api_key", message=message, credential_type=credential_type,
             ttl_seconds=ttl_seconds, metadata=metadata, reuse_pending=reuse_pending,
             idempotency_key=idempotency_key)
+
+    def request_oauth(
+        self, subject: Subject, credential_type: str, message: str, *,
+        scopes: Sequence[str] | None = None, ttl_seconds: int | None = None,
+        metadata: Mapping[str, Any] | None = None, reuse_pending: bool = True,
+        idempotency_key: str | None = None,
+    ) -> Elicitation:
+        """Ask ``subject`` to connect an account of an OAuth type (see :meth:`create_elicitation`).
+
+        ``scopes`` are those to ask the provider for; left out, the type's own
+        list. A still-open elicitation is reused only if it asks for the same.
+        """
+        return self.create_elicitation(
+            subject, kind="oauth", message=message, credential_type=credential_type,
+            scopes=scopes, ttl_seconds=ttl_seconds, metadata=metadata,
+            reuse_pending=reuse_pending, idempotency_key=idempotency_key)
 
     def request_payment(
         self, subject: Subject, payment: Mapping[str, Any], message: str, *,
@@ -145,7 +171,7 @@ class GatewayClient:
 
     def list_elicitations(
         self, *, subject: Subject | None = None, status: ElicitationStatus | None = None,
-        kind: Literal["api_key", "payment"] | None = None, cursor: str | None = None,
+        kind: ElicitationKind | None = None, cursor: str | None = None,
         limit: int | None = None,
     ) -> Page[Elicitation]:
         """One page of this client's elicitations, newest first."""
@@ -202,7 +228,14 @@ class GatewayClient:
             cursor = page.next_cursor
 
     def reveal_credential(self, credential_id: str) -> RevealedCredential:
-        """The plaintext secret (audited on the gateway). Keep it in memory only."""
+        """The plaintext secret (audited on the gateway). Keep it in memory only.
+
+        For an OAuth connection, a working access token: raises
+        :class:`~gateway.client.errors.ReconnectRequired` when the provider
+        refused to refresh it (the user must connect again) and
+        :class:`~gateway.client.errors.ProviderUnavailable` when the provider
+        did not answer (try again after ``retry_after``).
+        """
         answer = self._http.request("POST", f"{_CREDENTIALS}/{_segment(credential_id)}/reveal")
         return RevealedCredential.from_json(answer.body)
 

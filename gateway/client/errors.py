@@ -92,6 +92,15 @@ class Conflict(ProblemError):
     """409: the state forbids it (cancelling an ended elicitation, a reused Idempotency-Key)."""
 
 
+class ReconnectRequired(Conflict):
+    """409 ``reconnect-required``: the provider refused to refresh an OAuth connection.
+
+    The gateway has revoked the connection (and sent ``credential.revoked``
+    with reason ``refresh-failed``); only the user can mend it, by connecting
+    the account again through a new elicitation.
+    """
+
+
 class InvalidRequest(ProblemError):
     """400 or 422: the request breaks a rule; ``detail`` and ``problem`` say which."""
 
@@ -101,10 +110,17 @@ class RateLimited(ProblemError):
 
 
 class TemporarilyUnavailable(ProblemError):
-    """503: the gateway cannot use its database for now; ``retry_after`` says when to retry.
+    """503: the gateway cannot do it for now; ``retry_after`` says when to retry.
 
     The request was not completed. A create retried with the same
     ``Idempotency-Key`` is safe either way.
+    """
+
+
+class ProviderUnavailable(TemporarilyUnavailable):
+    """503 ``provider-unavailable``: an OAuth connection's provider did not answer a refresh.
+
+    The connection is intact; reveal it again after ``retry_after`` seconds.
     """
 
 
@@ -112,12 +128,19 @@ _BY_STATUS: Final[dict[int, type[ProblemError]]] = {
     400: InvalidRequest, 401: AuthenticationFailed, 403: Forbidden, 404: NotFound,
     409: Conflict, 422: InvalidRequest, 429: RateLimited, 503: TemporarilyUnavailable,
 }
+# Codes that call for a different action than others of their status.
+_BY_CODE: Final[dict[tuple[int, str], type[ProblemError]]] = {
+    (409, "reconnect-required"): ReconnectRequired,
+    (503, "provider-unavailable"): ProviderUnavailable,
+}
 
 
 def problem_error(status: int, problem: Mapping[str, Any], *,
                   retry_after: float | None = None) -> ProblemError:
-    """The most specific error class for this status."""
-    return _BY_STATUS.get(status, ProblemError)(status, problem, retry_after=retry_after)
+    """The most specific error class for this status and problem type."""
+    code = str(problem.get("type", "")).removeprefix(PROBLEM_PREFIX)
+    chosen = _BY_CODE.get((status, code)) or _BY_STATUS.get(status, ProblemError)
+    return chosen(status, problem, retry_after=retry_after)
 
 
 def _text_or_none(value: Any) -> str | None:

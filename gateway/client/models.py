@@ -14,6 +14,8 @@ ElicitationStatus = Literal["pending", "opened", "completed", "declined", "faile
                             "cancelled"]
 TERMINAL: Final[frozenset[str]] = frozenset(
     {"completed", "declined", "failed", "expired", "cancelled"})
+ElicitationKind = Literal["api_key", "oauth", "payment"]
+CredentialKind = Literal["api_key", "oauth"]
 
 T = TypeVar("T")
 
@@ -40,11 +42,12 @@ class Elicitation:
     id: str
     url: str
     status: ElicitationStatus
-    kind: Literal["api_key", "payment"]
+    kind: ElicitationKind
     subject: Subject
     message: str
     expires_at: str
     credential_type: str | None = None
+    scopes: list[str] | None = None  # oauth: the scopes asked for
     payment: dict[str, Any] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     created_at: str | None = None
@@ -68,14 +71,19 @@ class Elicitation:
             id=data["id"], url=data["url"], status=data["status"], kind=data["kind"],
             subject=Subject.from_json(data["subject"]), message=data["message"],
             expires_at=data["expires_at"], credential_type=data.get("credential_type"),
-            payment=data.get("payment"), metadata=dict(data.get("metadata") or {}),
+            scopes=_strings(data.get("scopes")), payment=data.get("payment"),
+            metadata=dict(data.get("metadata") or {}),
             created_at=data.get("created_at"), opened_at=data.get("opened_at"),
             ended_at=data.get("ended_at"), mcp=dict(data.get("mcp") or {}), created=created)
 
 
 @dataclass(frozen=True, slots=True)
 class Credential:
-    """A stored credential's metadata; never its secret."""
+    """A stored credential's metadata; never its secret.
+
+    ``kind`` is ``api_key`` or ``oauth``; an OAuth connection also names the
+    ``account`` the user connected and the ``scopes`` the provider granted.
+    """
 
     id: str
     type: str
@@ -85,29 +93,49 @@ class Credential:
     elicitation_id: str
     created_at: str
     revoked_at: str | None = None
+    # user, client, operator, superseded or refresh-failed
+    revoked_reason: str | None = None
+    kind: CredentialKind = "api_key"
+    account: str | None = None
+    scopes: list[str] | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Credential:
         return cls(
             id=data["id"], type=data["type"], hint=data["hint"], status=data["status"],
             subject=Subject.from_json(data["subject"]), elicitation_id=data["elicitation_id"],
-            created_at=data["created_at"], revoked_at=data.get("revoked_at"))
+            created_at=data["created_at"], revoked_at=data.get("revoked_at"),
+            revoked_reason=data.get("revoked_reason"), kind=data.get("kind") or "api_key",
+            account=data.get("account"), scopes=_strings(data.get("scopes")))
 
 
 @dataclass(frozen=True, slots=True)
 class RevealedCredential:
-    """A credential's plaintext secret. Its repr masks the secret, so a log line cannot leak it."""
+    """A credential's plaintext secret. Its repr masks the secret, so a log line cannot leak it.
+
+    For an OAuth connection ``secret`` is a working access token (the
+    gateway refreshes it first when it is about to expire), sent as
+    ``Authorization: <token_type> <secret>``; ``expires_at`` (ISO 8601, or
+    None when the provider gave no lifetime), ``scopes`` and ``account``
+    come with it. An API key leaves those four None.
+    """
 
     id: str
     type: str
     secret: str = field(repr=False)
+    token_type: str | None = None
+    expires_at: str | None = None
+    scopes: list[str] | None = None
+    account: str | None = None
 
     def __repr__(self) -> str:
         return f"RevealedCredential(id={self.id!r}, type={self.type!r}, secret='***')"
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RevealedCredential:
-        return cls(id=data["id"], type=data["type"], secret=data["secret"])
+        return cls(id=data["id"], type=data["type"], secret=data["secret"],
+                   token_type=data.get("token_type"), expires_at=data.get("expires_at"),
+                   scopes=_strings(data.get("scopes")), account=data.get("account"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,3 +150,7 @@ class Page(Generic[T]):
 
     def __len__(self) -> int:
         return len(self.items)
+
+
+def _strings(value: Any) -> list[str] | None:
+    return None if value is None else [str(item) for item in value]

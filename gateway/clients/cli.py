@@ -18,7 +18,7 @@ from gateway.pagination import timestamp
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
-@click.group()
+@click.group(cls=cli.Group)
 def clients() -> None:
     """MCP servers allowed to create elicitations."""
 
@@ -136,6 +136,19 @@ def rotate_webhook_secret(client: str, as_json: bool) -> None:
     click.secho(f"Shown this once. For {settings.webhook_secret_grace_hours} h every delivery "
                 "is signed with both the old and the new secret: switch the MCP server to "
                 "the new one within that time.", fg="yellow")
+
+
+@clients.command(name="set-webhook-url")
+@click.argument("client")
+@click.argument("url")
+def set_webhook_url(client: str, url: str) -> None:
+    """Send a client's webhooks to another URL, those waiting for a retry included."""
+    settings = cli.settings()
+    with cli.transaction() as session:
+        found = service.change_webhook_url(session, SystemClock(), client_ref=client,
+                                           webhook_url=url, actor=cli.operator(),
+                                           policy=OutboundPolicy.from_settings(settings))
+    click.echo(f"client {found.id} ({found.name}) sends its webhooks to {url}")
 
 
 @clients.command()

@@ -133,6 +133,23 @@ def rotate_webhook_secret(session: Session, clock: Clock, *, keyring: KeySource,
     return secret
 
 
+def change_webhook_url(session: Session, clock: Clock, *, client_ref: str, webhook_url: str,
+                       actor: str, policy: OutboundPolicy) -> Client:
+    """Send a client's webhooks to another URL, the ones still due included.
+
+    Deliveries read the URL when they are sent, so the events waiting for a
+    retry go to the new URL too, with their ``webhook-id`` unchanged.
+    """
+    check_webhook_url(webhook_url, policy)
+    client = get_client(session, client_ref)
+    previous = client.webhook_url
+    if previous != webhook_url:
+        client.webhook_url = webhook_url
+        audit.record(session, clock, actor=actor, action="client.webhook_url_changed",
+                     target=client.id, details={"from": previous, "to": webhook_url})
+    return client
+
+
 def disable_client(session: Session, clock: Clock, *, client_ref: str, actor: str) -> Client:
     """Stop a client: its tokens stop working; its records stay for the audit trail."""
     client = get_client(session, client_ref)

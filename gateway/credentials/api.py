@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from typing import Final
 
 from flask import Blueprint, Response, jsonify, request
@@ -13,9 +14,12 @@ from gateway.credentials import service
 from gateway.credentials.catalog import current_catalog
 from gateway.elicitations.schemas import Issuer, SubjectId
 from gateway.errors import InvalidInput
+from gateway.oauth import refresh, revocation
+from gateway.oauth.provider import provider_of
+from gateway.oauth.tokens import KIND
 from gateway.vault.keyring import current_keyring
 from gateway.web.api import current_client, query_cursor, query_text
-from gateway.web.context import current_clock
+from gateway.web.context import current_clock, current_settings
 
 blueprint = Blueprint("credentials", __name__, url_prefix="/credentials")
 
@@ -59,21 +63,37 @@ def list_credentials() -> Response:
 
 @blueprint.post("/<id:credential_id>/reveal")
 def reveal(credential_id: str) -> Response:
-    """The plaintext key, for the MCP server that asked for it; audited, never cached."""
+    """The plaintext key, or a connection's working access token; audited, never cached."""
+    ask = _reveal(credential_id)
     # Handed out only once the transaction with its audit row has committed.
     with db.transaction() as session:
-        credential, secret = service.reveal_for_client(
-            session, current_clock(), current_keyring(), current_client().id, credential_id,
-            actor=_actor(), source_ip=request.remote_addr)
-    return jsonify(id=credential.id, type=credential.type, secret=secret)
+        credential = service.get_for_client(session, ask.client_id, credential_id)
+        if credential.kind != KIND:
+            _, secret = service.reveal_for_client(
+                session, ask.clock, ask.keyring, ask.client_id, credential_id,
+                actor=ask.actor, source_ip=ask.source_ip)
+            return jsonify(id=credential.id, type=credential.type, secret=secret)
+        provider = provider_of(credential.type)
+        revealed = refresh.reveal_if_fresh(session, ask, credential,
+                                           refreshable=provider is not None)
+    if revealed is None:  # due: refreshed outside the transaction, once for everyone
+        revealed = refresh.refresh_then_reveal(ask, provider, credential)
+    return jsonify(revealed.as_json())
+
+
+def _reveal(credential_id: str) -> refresh.Reveal:
+    return refresh.Reveal(
+        client_id=current_client().id, credential_id=credential_id, actor=_actor(),
+        source_ip=request.remote_addr, clock=current_clock(), keyring=current_keyring(),
+        margin=timedelta(seconds=current_settings().oauth_refresh_margin_seconds))
 
 
 @blueprint.delete("/<id:credential_id>")
 def revoke(credential_id: str) -> Response:
-    """Revoke a credential; it can no longer be revealed."""
-    with db.transaction() as session:
-        credential = service.get_for_client(session, current_client().id, credential_id)
-        service.revoke(session, current_clock(), credential, actor=_actor(),
-                       source_ip=request.remote_addr, reason=service.Reason.CLIENT)
-        answer = service.represent(credential)
-    return jsonify(answer)
+    """Revoke a credential (a connection at its provider too); it can no longer be revealed."""
+    client_id = current_client().id
+    credential, _ = revocation.revoke(
+        db.transaction, lambda session: service.get_for_client(session, client_id, credential_id),
+        revocation.AtProvider(current_keyring, provider_of), clock=current_clock(),
+        actor=_actor(), source_ip=request.remote_addr, reason=service.Reason.CLIENT)
+    return jsonify(service.represent(credential))

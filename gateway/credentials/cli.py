@@ -7,17 +7,21 @@ from datetime import timedelta
 
 import click
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from gateway import cli
 from gateway.clock import SystemClock
 from gateway.credentials import service
+from gateway.credentials.catalog import catalog_of
 from gateway.credentials.models import Credential
 from gateway.errors import NotFound
+from gateway.oauth import revocation
+from gateway.oauth.provider import Provider
 
 _AGE = re.compile(r"([1-9][0-9]*)([dh])")
 
 
-@click.group()
+@click.group(cls=cli.Group)
 def credentials() -> None:
     """Keys users stored, for the operator: list, revoke, purge."""
 
@@ -50,14 +54,30 @@ def list_credentials(client_id: str | None, subject_sub: str | None, include_rev
 @credentials.command()
 @click.argument("credential_id")
 def revoke(credential_id: str) -> None:
-    """Revoke a credential: its client can no longer reveal it."""
-    with cli.transaction() as session:
+    """Revoke a credential (a connection at its provider too): it can no longer be revealed."""
+
+    def find(session: Session) -> Credential:
         credential = session.get(Credential, credential_id)
         if credential is None:
             raise NotFound(f"no credential {credential_id!r}")
-        service.revoke(session, SystemClock(), credential, actor=cli.operator(),
-                       source_ip=None, reason=service.Reason.OPERATOR)
+        return credential
+
+    _, outcome = revocation.revoke(
+        cli.transaction, find, revocation.AtProvider(cli.open_key_versions, _provider_of),
+        clock=SystemClock(), actor=cli.operator(), source_ip=None,
+        reason=service.Reason.OPERATOR)
     click.echo(f"credential {credential_id} revoked")
+    if outcome is not None:
+        click.echo(f"at the provider: {outcome}")
+
+
+def _provider_of(type_id: str) -> Provider | None:
+    # A command has no app: the catalog is read and the client made here,
+    # from the same settings the app would use.
+    credential_type = catalog_of(cli.settings()).get(type_id)
+    if credential_type is None or credential_type.oauth is None:
+        return None
+    return Provider(credential_type, cli.settings())
 
 
 @credentials.command()

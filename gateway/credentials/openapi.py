@@ -42,12 +42,19 @@ def describe(document: Document, *, credential_types: list[str]) -> None:
         "responses": {"200": json_answer("One page", page),
                       **problem_responses(400, 401, 422, 429)},
     })
+    problems = problem_responses(400, 401, 404, 409, 429, 503)
+    problems["409"]["description"] = ("Revoked; or reconnect-required: the provider refused to "
+                                      "refresh the connection, its user must connect again")
+    problems["503"]["description"] = ("The database, or the provider of a connection whose "
+                                      "token had to be refreshed, is unavailable for now; see "
+                                      "Retry-After")
     document.path("/api/v1/credentials/{credential_id}/reveal", "post", {
         "operationId": "revealCredential",
-        "summary": "The plaintext key, for the MCP server that asked for it (audited)",
+        "summary": "The plaintext key, or a connection's working access token, for the MCP "
+                   "server that asked for it (audited)",
         "parameters": [credential_id],
-        "responses": {"200": json_answer("The key", revealed),
-                      **problem_responses(400, 401, 404, 409, 429)},
+        "responses": {"200": json_answer("The key, or the connection's access token", revealed),
+                      **problems},
     })
     document.path("/api/v1/credentials/{credential_id}", "delete", {
         "operationId": "revokeCredential",

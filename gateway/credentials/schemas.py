@@ -16,12 +16,19 @@ class CredentialView(BaseModel):
 
     id: str
     type: str
-    hint: Annotated[str, Field(description="The last characters, to recognise the key")]
+    kind: Literal["api_key", "oauth"]
+    hint: Annotated[str, Field(description="The last characters of a key, or the account "
+                                           "of a connection, to recognise it")]
     status: Literal["active", "revoked"]
     subject: Subject
     elicitation_id: str
     created_at: str
     revoked_at: str | None
+    revoked_reason: Annotated[
+        Literal["user", "client", "operator", "superseded", "refresh-failed"] | None,
+        Field(description="Who or what revoked it")]
+    account: Annotated[str | None, Field(description="oauth: the account the user connected")]
+    scopes: Annotated[list[str] | None, Field(description="oauth: the scopes granted")]
 
 
 class CredentialPage(BaseModel):
@@ -32,8 +39,20 @@ class CredentialPage(BaseModel):
 
 
 class RevealedCredential(BaseModel):
-    """The plaintext key, for the client that asked for it."""
+    """The plaintext key, or a connection's access token, for the client that asked for it.
+
+    An OAuth connection's answer adds the last four fields; an API key's never has them.
+    """
 
     id: str
     type: str
-    secret: str
+    secret: Annotated[str, Field(description="The key; for an OAuth connection its access "
+                                             "token, refreshed first if it was about to expire")]
+    token_type: Annotated[str | None, Field(description="OAuth: how to send the token, "
+                                                        "usually Bearer")] = None
+    expires_at: Annotated[str | None, Field(description="OAuth: when the access token "
+                                                        "expires; null if the provider did "
+                                                        "not say")] = None
+    scopes: Annotated[list[str] | None, Field(description="OAuth: the scopes granted")] = None
+    account: Annotated[str | None, Field(description="OAuth: the account connected, as the "
+                                                     "provider names it")] = None

@@ -84,6 +84,18 @@ class CredentialUnreadable(GatewayError):
     title = "The credential cannot be opened"
 
 
+class ReconnectRequired(Conflict):
+    """The provider refused to refresh the connection: only its user can mend it."""
+
+    code = "reconnect-required"
+    title = "The user must connect the account again"
+
+
+class AlreadyRevoked(Conflict):
+    def __init__(self) -> None:
+        super().__init__("this credential was revoked already")
+
+
 class AnotherLiveKey(Conflict):
     """Another capture for the same owner stored its key while this one ran."""
 
@@ -213,9 +225,11 @@ def reveal_secret(keyring: KeySource, credential: Credential) -> str:
 
 def represent(credential: Credential) -> dict[str, Any]:
     """A credential's metadata as the API shows it; never the secret."""
+    oauth = credential.kind == "oauth"
     return {
         "id": credential.id,
         "type": credential.type,
+        "kind": credential.kind,
         "hint": credential.hint,
         "status": "active" if credential.live else "revoked",
         "subject": {"iss": credential.subject_iss, "sub": credential.subject_sub},
@@ -223,12 +237,21 @@ def represent(credential: Credential) -> dict[str, Any]:
         "created_at": timestamp(credential.created_at),
         "revoked_at": timestamp(credential.revoked_at),
         "revoked_reason": credential.revoked_reason,
+        # An OAuth connection's account and granted scopes, so an MCP server
+        # can tell connections apart without revealing (and refreshing) one.
+        "account": credential.account if oauth else None,
+        "scopes": (credential.scopes or []) if oauth else None,
     }
 
 
-def get_for_client(session: Session, client_id: str, credential_id: str) -> Credential:
-    """The client's credential; another client's is reported exactly like an unknown one."""
-    credential = session.get(Credential, credential_id)
+def get_for_client(session: Session, client_id: str, credential_id: str, *,
+                   fresh: bool = False) -> Credential:
+    """The client's credential; another client's is reported exactly like an unknown one.
+
+    ``fresh`` reads the row again even when the session holds it already: a
+    request that waits for another's change reads it in several transactions.
+    """
+    credential = session.get(Credential, credential_id, populate_existing=fresh)
     if credential is None or credential.client_id != client_id:
         raise NotFound(f"no credential {credential_id!r}")
     return credential
@@ -268,23 +291,43 @@ def reveal_for_client(
     cannot be recorded hands out nothing.
     """
     credential = get_for_client(session, client_id, credential_id)
-    if not credential.live:
-        raise Conflict("this credential was revoked; ask the user for a new one")
+    require_live(credential)
     try:
         secret = reveal_secret(keyring, credential)
     except VaultError:
-        # The keyring does not open what was sealed: restored beside the
-        # wrong keyring, or a retired key version. Nothing the caller can fix.
-        log.error("credential %s does not open with this keyring (sealed under key v%d)",
-                  credential.id, credential.key_version)
-        raise CredentialUnreadable(
-            "the gateway cannot open this credential with its keyring; its operator must "
-            "restore the keyring it was sealed with (`gateway status` shows the key versions "
-            "in use)") from None
+        raise unreadable(credential) from None
+    record_reveal(session, clock, credential, actor=actor, source_ip=source_ip)
+    return credential, secret
+
+
+def require_live(credential: Credential) -> None:
+    """Refuse a revoked credential, saying what the MCP server should do about it."""
+    if credential.live:
+        return
+    if credential.revoked_reason == Reason.REFRESH_FAILED:
+        raise ReconnectRequired("the provider refused to refresh this connection; ask the "
+                                "user to connect the account again")
+    raise Conflict("this credential was revoked; ask the user for a new one")
+
+
+def unreadable(credential: Credential) -> CredentialUnreadable:
+    """The error, logged, of a credential whose envelope does not open with this keyring."""
+    # Restored beside the wrong keyring, or a retired key version: nothing
+    # the caller can fix.
+    log.error("credential %s does not open with this keyring (sealed under key v%d)",
+              credential.id, credential.key_version)
+    return CredentialUnreadable(
+        "the gateway cannot open this credential with its keyring; its operator must "
+        "restore the keyring it was sealed with (`gateway status` shows the key versions "
+        "in use)")
+
+
+def record_reveal(session: Session, clock: Clock, credential: Credential, *, actor: str,
+                  source_ip: str | None) -> None:
+    """Audit a reveal, in the transaction that must commit before the secret is handed out."""
     audit.record(session, clock, actor=actor, action="credential.revealed",
                  target=credential.id, source_ip=source_ip,
                  details={"client_id": credential.client_id, "type": credential.type})
-    return credential, secret
 
 
 def revoke(session: Session, clock: Clock, credential: Credential, *, actor: str,
@@ -297,7 +340,7 @@ def revoke(session: Session, clock: Clock, credential: Credential, *, actor: str
     a credential that is gone.
     """
     if not credential.live:
-        raise Conflict("this credential was revoked already")
+        raise AlreadyRevoked()
     credential.revoked_at = clock.now()
     credential.revoked_reason = reason.value
     audit.record(session, clock, actor=actor, action="credential.revoked",

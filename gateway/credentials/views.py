@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, redirect, render_template, request
+from sqlalchemy.orm import Session
 from werkzeug.wrappers import Response
 
 from gateway import db
@@ -14,7 +15,10 @@ from gateway.credentials.models import Credential
 from gateway.errors import NotFound
 from gateway.identity.sessions import Subject
 from gateway.identity.web import actor_of, signed_in
+from gateway.oauth import revocation
+from gateway.oauth.provider import provider_of
 from gateway.pagination import timestamp
+from gateway.vault.keyring import current_keyring
 from gateway.web.context import current_clock
 
 blueprint = Blueprint("account", __name__)
@@ -53,13 +57,17 @@ def _label(credential_type: CredentialType | None, type_id: str) -> str:
 @blueprint.post("/account/credentials/<id:credential_id>/revoke")
 @signed_in(back="/account")
 def revoke(credential_id: str, subject: Subject) -> Response:
-    """Revoke one of the user's own keys; the app can no longer use it."""
-    with db.transaction() as session:
+    """Revoke one of the user's own keys or connections; the app can no longer use it."""
+
+    def own(session: Session) -> Credential:
         credential = session.get(Credential, credential_id)
         # Someone else's key is reported exactly like a missing one.
         if credential is None or (credential.subject_iss, credential.subject_sub) != (
                 subject.iss, subject.sub):
             raise NotFound("There is no such key in your account.")
-        service.revoke(session, current_clock(), credential, actor=actor_of(subject),
-                       source_ip=request.remote_addr, reason=service.Reason.USER)
+        return credential
+
+    revocation.revoke(db.transaction, own, revocation.AtProvider(current_keyring, provider_of),
+                      clock=current_clock(), actor=actor_of(subject),
+                      source_ip=request.remote_addr, reason=service.Reason.USER)
     return redirect("/account?revoked=1", code=303)

@@ -16,7 +16,7 @@ from gateway.payments import service as payments
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
-@click.group()
+@click.group(cls=cli.Group)
 def elicitations() -> None:
     """Elicitations of every client."""
 

@@ -24,7 +24,7 @@ def _password(from_stdin: bool) -> str:
     return password
 
 
-@click.group()
+@click.group(cls=cli.Group)
 def users() -> None:
     """Local accounts that log in to the portal."""
 

@@ -127,13 +127,35 @@ class Provider:
                     self._get_json(metadata.jwks_uri))  # type: ignore[arg-type]
             return self._keys
 
+    @property
+    def discovery_url(self) -> str:
+        return f"{self.issuer.rstrip('/')}/.well-known/openid-configuration"
+
+    def probe(self, timeout: float) -> Metadata:
+        """Fetch and check the discovery document once, now, uncached: a start-up check.
+
+        Raises what the call raises: :class:`BlockedDestination` when the guard
+        refuses the provider, requests' errors when it does not answer as
+        asked, ``ValueError`` for an answer that is not JSON, and
+        :class:`ProviderUnavailable` for a document that is not this issuer's.
+        """
+        with self.http() as http:
+            response = http.get(self.discovery_url, headers={"Accept": "application/json"},
+                                timeout=(timeout, timeout))
+            response.raise_for_status()
+            return self._metadata_from(response.json())
+
     def _discover(self) -> Metadata:
-        document = self._get_json(f"{self.issuer.rstrip('/')}/.well-known/openid-configuration")
+        return self._metadata_from(self._get_json(self.discovery_url))
+
+    def _metadata_from(self, document: Any) -> Metadata:
         # OpenID Connect Discovery 1.0, section 4.3: the document must name
         # exactly the issuer we asked, or it may be someone else's.
-        if document.get("issuer") != self.issuer:
-            raise ProviderUnavailable("the identity provider's discovery document names another "
-                                      "issuer; check GATEWAY_OIDC_ISSUER")
+        found = document.get("issuer") if isinstance(document, dict) else None
+        if found != self.issuer:
+            raise ProviderUnavailable(f"the identity provider's discovery document names the "
+                                      f"issuer {found!r:.200}, not {self.issuer!r} "
+                                      "(GATEWAY_OIDC_ISSUER)")
         try:
             return Metadata(document["issuer"], document["authorization_endpoint"],
                             document["token_endpoint"], document["jwks_uri"])

@@ -13,7 +13,7 @@ from gateway.clock import SystemClock
 from gateway.db import make_engine
 
 
-@click.group()
+@click.group(cls=cli.Group)
 def db() -> None:
     """Database schema."""
 

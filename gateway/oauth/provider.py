@@ -29,7 +29,7 @@ from joserfc import jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
-from gateway.credentials.catalog import CredentialType, OAuthProvider
+from gateway.credentials.catalog import CredentialType, OAuthProvider, current_catalog
 from gateway.errors import GatewayError
 from gateway.identity.oidc import ALLOWED_ALGORITHMS, failed_claim
 from gateway.outbound import (
@@ -48,6 +48,8 @@ MAX_ANSWER: Final = 64 * 1024
 DISCOVERY_TTL_SECONDS: Final = 3600
 EXTENSION: Final = "gateway.oauth.providers"
 CALLBACK_PATH: Final = "/oauth/callback"
+# How a revocation's outcome begins when the provider gave no answer.
+NO_ANSWER: Final = "the provider did not answer"
 
 
 class ProviderUnavailable(GatewayError):
@@ -158,8 +160,15 @@ class Provider:
     # --- revocation (RFC 7009) and userinfo ----------------------------------------------
 
     def revoke(self, token: str, hint: str) -> str:
-        """Ask the provider to revoke a token; what happened, in a few words for the audit trail."""
-        endpoint = self.endpoints().revocation
+        """Ask the provider to revoke a token; what happened, in a few words for the audit trail.
+
+        It never raises for a provider that fails: a revocation here goes on
+        whatever the provider does.
+        """
+        try:
+            endpoint = self.endpoints().revocation
+        except ProviderUnavailable as error:
+            return f"{NO_ANSWER}: its discovery failed ({error.detail})"
         if endpoint is None:
             return "the provider has no revocation endpoint"
         with self._client() as client:
@@ -168,7 +177,7 @@ class Provider:
                                              timeout=self._timeout())
             except (requests.RequestException, BlockedDestination) as error:
                 log.warning("%s: revocation failed: %s", self.type_id, type(error).__name__)
-                return f"the provider did not answer ({type(error).__name__})"
+                return f"{NO_ANSWER} ({type(error).__name__})"
             status = answer.status_code
             answer.close()
         # RFC 7009 section 2.2: 200 whether or not the token was still valid.
@@ -345,6 +354,14 @@ def providers() -> dict[str, Provider]:
     if found is None:
         found = current_app.extensions.setdefault(EXTENSION, {})
     return found
+
+
+def provider_of(type_id: str) -> Provider | None:
+    """The provider client of a type in this app's catalog; None unless it is an OAuth type."""
+    credential_type = current_catalog().get(type_id)
+    if credential_type is None or credential_type.oauth is None:
+        return None
+    return provider_for(credential_type)
 
 
 def provider_for(credential_type: CredentialType) -> Provider:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
@@ -20,7 +20,7 @@ from gateway.credentials.service import binding
 from gateway.elicitations.models import Elicitation
 from gateway.oauth.provider import token_expiry
 from gateway.tokens import new_id
-from gateway.vault.envelope import reveal_plaintext, seal
+from gateway.vault.envelope import Envelope, reveal_plaintext, seal
 from gateway.vault.keyring import KeySource
 
 KIND: Final = "oauth"
@@ -31,8 +31,8 @@ MAX_ACCOUNT_LENGTH: Final = 255
 class TokenSet:
     """What is sealed: the tokens themselves, never shown but to the owning MCP server."""
 
-    access_token: str
-    refresh_token: str | None
+    access_token: str = field(repr=False)
+    refresh_token: str | None = field(repr=False)
     token_type: str
 
 
@@ -86,8 +86,13 @@ def seal_connection(keyring: KeySource, elicitation: Elicitation,
 
 def reseal(keyring: KeySource, credential: Credential, tokens: TokenSet) -> None:
     """Seal ``tokens`` into the credential, replacing what it held."""
+    credential.envelope = sealed(keyring, credential, tokens)
+
+
+def sealed(keyring: KeySource, credential: Credential, tokens: TokenSet) -> Envelope:
+    """``tokens`` sealed for the credential's row, to store with a conditional UPDATE."""
     plaintext = json.dumps(asdict(tokens), separators=(",", ":")).encode()
-    credential.envelope = seal(keyring, plaintext, binding(credential))
+    return seal(keyring, plaintext, binding(credential))
 
 
 def reveal_token_set(keyring: KeySource, credential: Credential) -> TokenSet:

@@ -11,7 +11,7 @@ from gateway.payments.service import PaymentStatus
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
-@click.group()
+@click.group(cls=cli.Group)
 def payments() -> None:
     """Payments made through Stripe Checkout."""
 

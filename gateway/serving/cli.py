@@ -11,12 +11,12 @@ import click
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from gateway import cli, migrations
-from gateway.credentials.catalog import CatalogError, catalog_of
+from gateway import cli, migrations, preflight
 from gateway.db import POSTGRES_CONNECTIONS_PER_PROCESS, make_engine
 from gateway.files import FileError
+from gateway.outbound import OutboundPolicy
 from gateway.serving import server, tls
-from gateway.settings import Settings
+from gateway.settings import Settings, SettingsError
 from gateway.vault.keyring import KeyringError, load_keyring
 from gateway.web import ratelimit
 
@@ -53,12 +53,13 @@ def serve(host: str, port: int, workers: int | None, per_worker_limits: bool, th
     """Serve the gateway over HTTPS (and, unless --no-worker, send its webhooks)."""
     settings = cli.settings()
     workers = workers_for(settings, workers, per_worker_limits=per_worker_limits)
-    _check_secrets_and_catalog(settings)
+    policy = _check_secrets_and_destinations(settings)
     tls_files = None if no_tls else _tls_files(settings, certfile, keyfile)
     if no_tls and settings.proxy_hops < 1:
         cli.fail("--no-tls serves plain HTTP and is only for a TLS-terminating proxy in "
                  "front; set GATEWAY_PROXY_HOPS to the number of proxies")
     _check_database(settings, workers)
+    _check_what_may_fail_later(settings, policy)
     _check_port_free(host, port)
     server.run(settings, server.Options(host=host, port=port, workers=workers,
                                         threads=threads, tls_files=tls_files,
@@ -86,14 +87,43 @@ def workers_for(settings: Settings, asked: int | None, *, per_worker_limits: boo
     return asked
 
 
-def _check_secrets_and_catalog(settings: Settings) -> None:
-    # Read once at start-up, so a bad keyring or catalog stops the command
-    # with one line instead of failing some user's request later.
+def _check_secrets_and_destinations(settings: Settings) -> OutboundPolicy:
+    """The outbound policy, once the keyring, the catalog and the issuer are found fine.
+
+    Read once at start-up, so a bad keyring or catalog, or a destination the
+    outbound guard will refuse, stops the command with one line instead of
+    failing some user's request later.
+    """
     try:
         load_keyring(settings)
-        catalog_of(settings)
-    except (KeyringError, CatalogError) as error:
+        policy = OutboundPolicy.from_settings(settings)
+    except (KeyringError, SettingsError) as error:
         cli.fail(str(error))
+    _report([*preflight.catalog_problems(settings, policy),
+             *preflight.issuer_problems(settings, policy, reach=False)])
+    return policy
+
+
+def _check_what_may_fail_later(settings: Settings, policy: OutboundPolicy) -> None:
+    """Warn of clients' webhook URLs the guard refuses and of a silent identity provider."""
+    engine = make_engine(settings.database_url)
+    try:
+        webhooks = preflight.webhook_problems(engine, policy)
+    finally:
+        engine.dispose()
+    _report([*preflight.issuer_problems(settings, policy, reach=True), *webhooks])
+
+
+def _report(problems: list[preflight.Problem]) -> None:
+    """A warning for each problem the gateway can start with; one line for those it cannot."""
+    for problem in problems:
+        if not problem.refuses_start:
+            log.warning("%s", problem)
+    refusing = [problem for problem in problems if problem.refuses_start]
+    if len(refusing) > 1:
+        cli.fail(f"{refusing[0]} (and {len(refusing) - 1} more: `gateway status` lists them)")
+    if refusing:
+        cli.fail(str(refusing[0]))
 
 
 def _tls_files(settings: Settings, certfile: Path | None,

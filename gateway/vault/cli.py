@@ -46,7 +46,7 @@ def _usage(session: Session) -> dict[int, int]:
     return counts
 
 
-@click.group()
+@click.group(cls=cli.Group)
 def keys() -> None:
     """Key-encryption keys of the vault."""
 
@@ -135,8 +135,12 @@ def _rewrap_to(keyring: Keyring, current: int, limit: int | None, pending: int,
                              "run `gateway keys rewrap` again")
                 size = BATCH if limit is None else min(BATCH, limit - moved)
                 with cli.transaction() as session:
+                    # Locked (PostgreSQL): a connection's refresh may seal a new
+                    # token set into a row meanwhile, and the rewrapped key of the
+                    # old one must not be written beside it.
                     rows = session.scalars(select(model).where(model.key_version != current)
-                                           .order_by(model.id).limit(size)).all()
+                                           .order_by(model.id).limit(size)
+                                           .with_for_update()).all()
                     for row in rows:
                         row.envelope = rewrap_envelope(keyring, row.envelope, binding(row))
                 if not rows:
@@ -146,12 +150,29 @@ def _rewrap_to(keyring: Keyring, current: int, limit: int | None, pending: int,
     return moved
 
 
+def key_version(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    """A key version as an operator may write it, ``v2``, ``V2`` or ``2``: its number.
+
+    Every message names it the one way, ``v2``, as ``gateway keys list`` does.
+    """
+    text = value.strip()
+    digits = text[1:] if text[:1] in ("v", "V") else text
+    # ASCII only: str.isdigit also takes "²", which int() refuses.
+    if not (digits.isascii() and digits.isdigit()):
+        raise click.BadParameter(f"a key version looks like v2 (or 2), not {value!r}",
+                                 ctx, param)
+    return int(digits)
+
+
 @keys.command()
-@click.argument("version")
-def retire(version: str) -> None:
-    """Delete a key version; refused while a secret or a running instance still uses it."""
+@click.argument("version", callback=key_version)
+def retire(version: int) -> None:
+    """Delete a key version; refused while a secret or a running instance still uses it.
+
+    VERSION as `gateway keys list` shows it (v1), or its number alone (1).
+    """
     root = cli.key_versions().root
-    number = _version_number(version)
+    number = version
     name = f"v{number}"
     now = SystemClock().now()
     with cli.transaction() as session:
@@ -180,13 +201,6 @@ def retire(version: str) -> None:
     if number in root.keys and number != root.current_version:
         click.echo(f"{name} is still in the keyring ({_source()}); once no key version is "
                    "sealed by it (`gateway keys list`), remove it from there")
-
-
-def _version_number(text: str) -> int:
-    digits = text[1:] if text.startswith("v") else text
-    if not digits.isdigit():
-        cli.fail(f"a version looks like v2, not {text!r}")
-    return int(digits)
 
 
 def _source() -> str:

@@ -55,8 +55,11 @@ class Document:
         """Add one operation: it needs the bearer token (and may answer 503) unless it says not."""
         operation.setdefault("security", [{"bearer": []}])
         if operation["security"]:
-            # Its token is checked in the database: while that is away, 503.
-            operation["responses"] = {**operation["responses"], **problem_responses(503)}
+            # Its token is checked in the database: while that is away, 503
+            # (an operation may say what else its 503 can mean).
+            responses = operation["responses"]
+            operation["responses"] = {**responses, "503": responses.get(
+                "503", problem_responses(503)["503"])}
         self.paths.setdefault(path, {})[method] = operation
 
     def as_json(self) -> dict[str, Any]:

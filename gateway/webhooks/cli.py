@@ -14,7 +14,7 @@ from gateway.webhooks import service
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
-@click.group()
+@click.group(cls=cli.Group)
 def webhooks() -> None:
     """Webhook events sent to MCP servers."""
 

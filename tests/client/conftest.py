@@ -2,9 +2,11 @@
 
 One real ``gateway serve`` (TLS with its self-signed development
 certificate, local login backend, payments switched on without ever
-reaching Stripe) is shared by the tests of this package; the database is
-emptied when they are done. Each test registers its own MCP server (client)
-and its own users, so tests do not see each other's elicitations.
+reaching Stripe, and the shipped catalog plus one OAuth type, ``forge``,
+whose provider is never reached) is shared by the tests of this package;
+the database is emptied when they are done. Each test registers its own MCP
+server (client) and its own users, so tests do not see each other's
+elicitations.
 """
 
 from __future__ import annotations
@@ -19,18 +21,24 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
+from typing import Any, Final
 
 import pytest
 import requests
 from flask import Flask
 
-from gateway import db
+from gateway import db, resources
 from gateway.app import create_app
 from gateway.clients import service as clients
 from gateway.clock import SystemClock
+from gateway.credentials import service as credentials
 from gateway.credentials.catalog import current_catalog
+from gateway.credentials.models import Credential
+from gateway.elicitations.models import Elicitation
 from gateway.identity import service as identity
+from gateway.oauth.tokens import seal_connection
 from gateway.outbound import OutboundPolicy
 from gateway.serving.tls import dev_certificate_paths
 from gateway.settings import load_settings
@@ -40,6 +48,25 @@ from tests.integration.conftest import free_port, tls_context
 
 PASSWORD = "correct horse battery staple"
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+# An OAuth credential type at a provider no test reaches: connections are
+# sealed straight into the database, as the gateway's callback would.
+OAUTH_TYPE: Final = "forge"
+OAUTH_SCOPES: Final = ["read:user", "repo"]
+CLIENT_SECRET_ENV: Final = "FORGE_CLIENT_SECRET"
+_OAUTH_CATALOG: Final = f"""
+[{OAUTH_TYPE}]
+label = "Forge account"
+kind = "oauth"
+
+[{OAUTH_TYPE}.oauth]
+authorization_url = "https://forge.example/login/oauth/authorize"
+token_url = "https://forge.example/login/oauth/access_token"
+userinfo_url = "https://forge.example/api/user"
+scopes = {OAUTH_SCOPES!r}
+client_id = "gateway-tests"
+client_secret_env = "{CLIENT_SECRET_ENV}"
+"""
 
 
 @dataclass
@@ -68,6 +95,40 @@ class ServedGateway:
                 credential_types=credential_types or [], actor="test",
                 policy=OutboundPolicy.from_settings(settings))
         return Registered(minted.client.id, minted.api_token, minted.webhook_secret)
+
+    def connect_account(self, elicitation_id: str, access_token: str, *, account: str,
+                        scopes: list[str] | None = None) -> str:
+        """The user connected their account: the token set sealed, the elicitation completed.
+
+        What the gateway's OAuth callback does once the provider has answered;
+        the access token lasts a year, so no reveal needs to refresh it. The
+        new credential's id.
+        """
+        answer: dict[str, Any] = {"access_token": access_token, "token_type": "Bearer",
+                                  "expires_in": int(timedelta(days=365).total_seconds()),
+                                  "refresh_token": "refresh-" + access_token}
+        clock = SystemClock()
+        settings = self.app.extensions["gateway.settings"]
+        with self.app.app_context(), db.transaction() as session:
+            elicitation = session.get(Elicitation, elicitation_id)
+            assert elicitation is not None
+            credential_type = current_catalog().get(elicitation.credential_type or "")
+            assert credential_type is not None
+            credential = seal_connection(
+                load_keyring(settings), elicitation, credential_type, answer,
+                scopes=scopes if scopes is not None else list(elicitation.scopes or []),
+                account=account, now=clock.now())
+            credentials.capture(session, clock, elicitation, credential, actor="test",
+                                source_ip=None)
+            return credential.id
+
+    def refresh_refused(self, credential_id: str) -> None:
+        """The provider refused to refresh the connection, so the gateway revoked it."""
+        with self.app.app_context(), db.transaction() as session:
+            credential = session.get(Credential, credential_id)
+            assert credential is not None
+            credentials.revoke(session, SystemClock(), credential, actor="test",
+                               source_ip=None, reason=credentials.Reason.REFRESH_FAILED)
 
     def user(self, prefix: str = "alice") -> str:
         """A new local account with the test password; its user name (its ``sub``)."""
@@ -105,13 +166,17 @@ def serving(database_url: str, workdir: Path, extra: dict[str, str]) -> Iterator
     instance.mkdir(mode=0o700)
     port = free_port()
     origin = f"https://localhost:{port}"
+    catalog = workdir / "credential_types.toml"
+    catalog.write_text((resources.CONFIG / "credential_types.toml").read_text() + _OAUTH_CATALOG)
+    client_secret = {CLIENT_SECRET_ENV: "forge-client-secret-" + secrets.token_hex(8)}
     settings_environ = {
         **gateway_environ(instance, database_url, origin),
         "GATEWAY_LOGIN_BACKEND": "local",
         "GATEWAY_RATELIMIT_LOGIN": "1000 per minute",
+        "GATEWAY_CREDENTIAL_TYPES_FILE": str(catalog),
         **extra,
     }
-    environ = process_environ(settings_environ)
+    environ = {**process_environ(settings_environ), **client_secret}
     log = workdir / "serve.log"
     with log.open("w") as handle:
         process = subprocess.Popen(
@@ -120,22 +185,29 @@ def serving(database_url: str, workdir: Path, extra: dict[str, str]) -> Iterator
             env=environ, cwd=workdir, stdout=handle, stderr=subprocess.STDOUT, text=True)
     certfile, _ = dev_certificate_paths(instance)
     app = create_app(load_settings(settings_environ))
-    try:
-        _wait_until_healthy(origin, certfile, process, log)
-        yield ServedGateway(origin, certfile, app)
-    finally:
-        process.terminate()
+    # The catalog this process reads (on first use) needs the client secret too.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CLIENT_SECRET_ENV, client_secret[CLIENT_SECRET_ENV])
         try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        app.extensions["gateway.engine"].dispose()
-        engine = db.make_engine(database_url)
-        try:
-            _empty_tables(engine)
+            _wait_until_healthy(origin, certfile, process, log)
+            yield ServedGateway(origin, certfile, app)
         finally:
-            engine.dispose()
+            _stop(process, app, database_url)
+
+
+def _stop(process: subprocess.Popen[str], app: Flask, database_url: str) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    app.extensions["gateway.engine"].dispose()
+    engine = db.make_engine(database_url)
+    try:
+        _empty_tables(engine)
+    finally:
+        engine.dispose()
 
 
 def _wait_until_healthy(origin: str, certfile: Path, process: subprocess.Popen[str],

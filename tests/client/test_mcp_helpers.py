@@ -33,15 +33,16 @@ from mcp_types import (
     TextContent,
 )
 
-from gateway.client import GatewayClient, Subject
+from gateway.client import GatewayClient, RevealedCredential, Subject
 from gateway.client.mcp import CompletionNotifier, GatewayElicitations
-from tests.client.conftest import ServedGateway, User
+from tests.client.conftest import OAUTH_TYPE, ServedGateway, User
 
 pytestmark = pytest.mark.slow
 
 KEY = "wx-live-7f3a9c2e5b1d4a6f8e0c"
 LEGACY, MODERN = "legacy", "2026-07-28"
 PAYMENT = {"amount": 500, "currency": "eur", "description": "Premium forecast"}
+ACCESS_TOKEN = "gho_" + "c" * 32 + "5e7d"
 
 
 @dataclass
@@ -60,9 +61,10 @@ class Setup:
         return Subject(self.served.origin, self.user.username)
 
 
-def make_setup(served: ServedGateway, user: User, *, retry_wait: float = 15) -> Setup:
+def make_setup(served: ServedGateway, user: User, *, retry_wait: float = 15,
+               client_class: type[GatewayClient] = GatewayClient) -> Setup:
     registered = served.register()
-    gateway = GatewayClient(served.origin, registered.api_token, verify=str(served.certfile))
+    gateway = client_class(served.origin, registered.api_token, verify=str(served.certfile))
     notifier = CompletionNotifier(registered.webhook_secret)
     helpers = GatewayElicitations(gateway, retry_wait=retry_wait, notifier=notifier)
     server = MCPServer("weather")
@@ -86,6 +88,16 @@ def make_setup(served: ServedGateway, user: User, *, retry_wait: float = 15) -> 
         if isinstance(paid, InputRequiredResult):
             return paid
         return f"paid {paid.id}"
+
+    @server.tool()
+    async def repos(ctx: Context) -> str | InputRequiredResult:
+        """The user's repositories; needs their Forge account connected."""
+        setup.tool_runs.append(ctx.protocol_version or "")
+        token = await helpers.oauth_token(ctx, setup.subject, OAUTH_TYPE,
+                                          "Connect your Forge account", scopes=["read:user"])
+        if isinstance(token, InputRequiredResult):
+            return token
+        return f"repos of {token.account} (token …{token.secret[-4:]})"
 
     return setup
 
@@ -342,3 +354,108 @@ def test_webhooks_that_are_not_authentic_or_not_completions_notify_nobody(setup:
     anyio.run(main)
     assert sent == ["el_b"]
     assert not setup.notifier.watching("el_a")
+
+
+# --- OAuth connections: oauth_token ------------------------------------------------------
+
+
+def connect(setup: Setup) -> str:
+    """The user connected their Forge account earlier (for another call of the tool)."""
+    asked = setup.gateway.request_oauth(setup.subject, OAUTH_TYPE, "Connect your Forge account",
+                                        scopes=["read:user"])
+    return setup.served.connect_account(asked.id, ACCESS_TOKEN, account="octocat")
+
+
+async def never_asked(_context: Any, _params: ElicitRequestURLParams) -> ElicitResult:
+    pytest.fail("the user was asked although a connection is stored")
+
+
+@pytest.mark.parametrize("mode", [LEGACY, MODERN])
+def test_a_stored_connection_gives_its_token_without_asking(setup: Setup, mode: str) -> None:
+    connect(setup)
+    before = len(setup.gateway.list_elicitations(subject=setup.subject))
+    result = run(setup, mode, lambda c: c.call_tool("repos", {}), on_elicit=never_asked)
+    assert text_of(result) == "repos of octocat (token …5e7d)"
+    assert len(setup.tool_runs) == 1
+    assert len(setup.gateway.list_elicitations(subject=setup.subject)) == before
+
+
+def test_modern_with_no_connection_the_user_is_sent_to_connect_one(setup: Setup) -> None:
+    async def body(client: Client) -> InputRequiredResult:
+        first = await client.session.call_tool("repos", {}, allow_input_required=True)
+        assert isinstance(first, InputRequiredResult)
+        return first
+
+    first = run(setup, MODERN, body)
+    [(elicitation_id, request)] = (first.input_requests or {}).items()
+    params = request.params
+    assert isinstance(params, ElicitRequestURLParams)
+    assert (params.mode, params.message) == ("url", "Connect your Forge account")
+    assert params.url == f"{setup.served.origin}/e/{elicitation_id}"
+    assert params.elicitation_id is None
+    [asked] = setup.gateway.list_elicitations(subject=setup.subject)
+    assert (asked.id, asked.kind, asked.credential_type, asked.scopes) == (
+        elicitation_id, "oauth", OAUTH_TYPE, ["read:user"])
+
+
+def test_legacy_with_no_connection_the_tool_answers_minus_32042(setup: Setup) -> None:
+    async def body(client: Client) -> MCPError:
+        with pytest.raises(MCPError) as required:
+            await client.call_tool("repos", {})
+        return required.value
+
+    error = run(setup, LEGACY, body)
+    assert error.code == URL_ELICITATION_REQUIRED
+    [params] = error.data["elicitations"]
+    [asked] = setup.gateway.list_elicitations(subject=setup.subject, kind="oauth")
+    assert params == {"mode": "url", "message": "Connect your Forge account",
+                      "url": asked.url, "elicitationId": asked.id}
+    assert setup.notifier.watching(asked.id)
+
+
+def test_modern_the_user_connects_and_the_retry_gets_the_token(setup: Setup) -> None:
+    async def on_elicit(_context: Any, params: ElicitRequestURLParams) -> ElicitResult:
+        elicitation_id = params.url.rsplit("/", 1)[-1]
+        await anyio.to_thread.run_sync(lambda: setup.served.connect_account(
+            elicitation_id, ACCESS_TOKEN, account="octocat"))
+        return ElicitResult(action="accept")
+
+    result = run(setup, MODERN, lambda c: c.call_tool("repos", {}), on_elicit=on_elicit)
+    assert text_of(result) == "repos of octocat (token …5e7d)"
+    assert setup.tool_runs == [MODERN, MODERN]
+
+
+@pytest.mark.parametrize("mode", [LEGACY, MODERN])
+def test_a_connection_the_provider_will_not_refresh_is_asked_for_again(
+    served: ServedGateway, user: User, mode: str,
+) -> None:
+    class RefreshRefused(GatewayClient):
+        """A gateway whose provider refuses the refresh the next reveal needs."""
+
+        def reveal_credential(self, credential_id: str) -> RevealedCredential:
+            # The gateway revokes a connection whose refresh was refused (invalid_grant),
+            # then answers its reveal with 409 reconnect-required.
+            served.refresh_refused(credential_id)
+            return super().reveal_credential(credential_id)
+
+    setup = make_setup(served, user, client_class=RefreshRefused)
+    old = connect(setup)
+
+    async def body(client: Client) -> Any:
+        if mode == LEGACY:
+            with pytest.raises(MCPError) as required:
+                await client.call_tool("repos", {})
+            return required.value.code
+        return await client.session.call_tool("repos", {}, allow_input_required=True)
+
+    answer = run(setup, mode, body)
+    if mode == LEGACY:
+        assert answer == URL_ELICITATION_REQUIRED
+    else:
+        assert isinstance(answer, InputRequiredResult)
+        assert len(answer.input_requests or {}) == 1
+    newest = setup.gateway.list_elicitations(subject=setup.subject, kind="oauth").items[0]
+    assert (newest.status, newest.scopes) == ("pending", ["read:user"])
+    assert setup.gateway.find_credential(setup.subject, OAUTH_TYPE) is None
+    [revoked] = setup.gateway.list_credentials(subject=setup.subject, include_revoked=True)
+    assert (revoked.id, revoked.revoked_reason) == (old, "refresh-failed")

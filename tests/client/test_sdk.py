@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -18,9 +19,13 @@ from gateway.client import (
     InvalidRequest,
     NotFound,
     ProblemError,
+    ProviderUnavailable,
+    ReconnectRequired,
+    RevealedCredential,
     Subject,
+    TemporarilyUnavailable,
 )
-from tests.client.conftest import ServedGateway, User
+from tests.client.conftest import OAUTH_SCOPES, OAUTH_TYPE, ServedGateway, User
 from tests.integration.conftest import free_port
 
 pytestmark = pytest.mark.slow
@@ -217,3 +222,167 @@ def test_a_long_poll_runs_beside_other_calls(gateway: GatewayClient, served: Ser
     gateway.cancel_elicitation(asked.id)
     poll.join(timeout=15)
     assert answers == ["cancelled"]
+
+
+# --- OAuth connections ----------------------------------------------------------------
+
+
+class Recording(HTTPAdapter):
+    """Sends each request on, keeping a copy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[requests.PreparedRequest] = []
+
+    def send(self, request: requests.PreparedRequest, *args: Any,
+             **kwargs: Any) -> requests.Response:
+        self.sent.append(request)
+        return super().send(request, *args, **kwargs)
+
+
+def test_request_oauth_asks_for_a_connection_with_its_scopes(
+    gateway: GatewayClient, served: ServedGateway, user: User,
+) -> None:
+    subject = subject_of(served, user)
+    recording = Recording()
+    gateway._http._session.mount("https://", recording)  # type: ignore[attr-defined]
+    asked = gateway.request_oauth(subject, OAUTH_TYPE, "Connect your Forge account",
+                                  scopes=["read:user"], metadata={"tool": "repos"})
+    [sent] = recording.sent
+    assert json.loads(sent.body or b"") == {
+        "subject": {"iss": served.origin, "sub": user.username}, "kind": "oauth",
+        "credential_type": OAUTH_TYPE, "scopes": ["read:user"],
+        "message": "Connect your Forge account", "metadata": {"tool": "repos"},
+        "reuse_pending": True}
+    assert sent.headers["Idempotency-Key"]
+    assert asked.created
+    assert (asked.kind, asked.credential_type, asked.scopes) == ("oauth", OAUTH_TYPE,
+                                                                 ["read:user"])
+    assert asked.url == f"{served.origin}/e/{asked.id}"
+
+    # The same scopes reuse the open one; other scopes (left out: the type's own) do not.
+    again = gateway.request_oauth(subject, OAUTH_TYPE, "Connect your Forge account",
+                                  scopes=["read:user"])
+    assert (again.id, again.created) == (asked.id, False)
+    wider = gateway.request_oauth(subject, OAUTH_TYPE, "Connect your Forge account")
+    assert wider.created
+    assert wider.scopes == OAUTH_SCOPES
+    assert [e.id for e in gateway.list_elicitations(subject=subject, kind="oauth")] == [
+        wider.id, asked.id]
+
+
+def test_request_oauth_refuses_what_the_type_does_not_offer(
+    gateway: GatewayClient, served: ServedGateway, user: User,
+) -> None:
+    subject = subject_of(served, user)
+    with pytest.raises(InvalidRequest) as key_type:
+        gateway.request_oauth(subject, "generic", "Connect")
+    assert "kind api_key" in (key_type.value.detail or "")
+    with pytest.raises(InvalidRequest) as scope:
+        gateway.request_oauth(subject, OAUTH_TYPE, "Connect", scopes=["admin:org"])
+    assert "admin:org" in (scope.value.detail or "")
+    with pytest.raises(TypeError, match="list"):
+        gateway.request_oauth(subject, OAUTH_TYPE, "Connect", scopes="read:user")
+
+
+def test_a_connection_is_listed_with_its_account_and_scopes(
+    gateway: GatewayClient, served: ServedGateway, user: User,
+) -> None:
+    subject = subject_of(served, user)
+    asked = gateway.request_oauth(subject, OAUTH_TYPE, "Connect", scopes=["read:user"])
+    credential_id = served.connect_account(asked.id, "gho_" + "a" * 36, account="octocat")
+    assert gateway.get_elicitation(asked.id).status == "completed"
+    found = gateway.find_credential(subject, OAUTH_TYPE, elicitation_id=asked.id)
+    assert found is not None
+    assert (found.id, found.kind, found.account, found.scopes, found.hint) == (
+        credential_id, "oauth", "octocat", ["read:user"], "octocat")
+    revoked = gateway.revoke_credential(found.id)
+    assert (revoked.status, revoked.revoked_reason) == ("revoked", "client")
+    key = gateway.request_api_key(subject, "generic", "Connect your key")
+    assert (key.kind, key.scopes) == ("api_key", None)
+
+
+def test_revealing_a_connection_gives_its_access_token(
+    gateway: GatewayClient, served: ServedGateway, user: User,
+) -> None:
+    subject = subject_of(served, user)
+    asked = gateway.request_oauth(subject, OAUTH_TYPE, "Connect", scopes=["read:user"])
+    token = "gho_" + "b" * 36
+    credential_id = served.connect_account(asked.id, token, account="octocat")
+    revealed = gateway.reveal_credential(credential_id)
+    assert (revealed.id, revealed.type, revealed.secret) == (credential_id, OAUTH_TYPE, token)
+    assert (revealed.token_type or "").lower() == "bearer"
+    assert (revealed.scopes, revealed.account) == (["read:user"], "octocat")
+    assert revealed.expires_at is not None
+    assert revealed.expires_at.endswith("Z")
+    assert token not in repr(revealed)
+
+
+def test_a_connection_whose_refresh_was_refused_asks_for_reconnecting(
+    gateway: GatewayClient, served: ServedGateway, user: User,
+) -> None:
+    subject = subject_of(served, user)
+    asked = gateway.request_oauth(subject, OAUTH_TYPE, "Connect")
+    credential_id = served.connect_account(asked.id, "gho_" + "e" * 36, account="octocat")
+    served.refresh_refused(credential_id)
+    with pytest.raises(ReconnectRequired) as refused:
+        gateway.reveal_credential(credential_id)
+    assert (refused.value.status, refused.value.code) == (409, "reconnect-required")
+    [revoked] = gateway.list_credentials(subject=subject, include_revoked=True)
+    assert (revoked.status, revoked.revoked_reason) == ("revoked", "refresh-failed")
+
+
+def test_a_revealed_connection_carries_its_oauth_fields_and_a_key_none() -> None:
+    connection = RevealedCredential.from_json({
+        "id": "cr_1", "type": "forge", "secret": "gho_token", "token_type": "Bearer",
+        "expires_at": "2027-01-01T00:00:00Z", "scopes": ["read:user"], "account": "octocat",
+        "some_later_field": 1})
+    assert (connection.token_type, connection.expires_at, connection.scopes,
+            connection.account) == ("Bearer", "2027-01-01T00:00:00Z", ["read:user"], "octocat")
+    assert "gho_token" not in repr(connection)
+    key = RevealedCredential.from_json({"id": "cr_2", "type": "generic", "secret": KEY})
+    assert (key.token_type, key.expires_at, key.scopes, key.account) == (None,) * 4
+
+
+class Answers(requests.adapters.BaseAdapter):
+    """Answers every request with one canned problem, sending nothing."""
+
+    def __init__(self, status: int, code: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__()
+        self.status, self.code, self.headers = status, code, headers or {}
+
+    def send(self, request: requests.PreparedRequest, *args: Any,
+             **kwargs: Any) -> requests.Response:
+        response = requests.Response()
+        response.status_code = self.status
+        response.headers.update({"Content-Type": "application/problem+json", **self.headers})
+        response._content = json.dumps({
+            "type": f"urn:gateway:problem:{self.code}", "title": "Problem",
+            "status": self.status, "detail": "canned"}).encode()
+        response.request = request
+        return response
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("status", "code", "raised", "not_raised"), [
+    (409, "reconnect-required", ReconnectRequired, None),
+    (409, "conflict", Conflict, ReconnectRequired),
+    (503, "provider-unavailable", ProviderUnavailable, None),
+    (503, "database-unavailable", TemporarilyUnavailable, ProviderUnavailable),
+])
+def test_a_reveal_refused_for_an_oauth_reason_raises_its_own_error(
+    status: int, code: str, raised: type[ProblemError], not_raised: type[ProblemError] | None,
+) -> None:
+    session = requests.Session()
+    session.mount("https://", Answers(status, code, {"Retry-After": "30"}))
+    client = GatewayClient("https://gateway.test", "gw_token", session=session)
+    with pytest.raises(raised) as refused:
+        client.reveal_credential("cr_1")
+    assert refused.value.code == code
+    assert not_raised is None or not isinstance(refused.value, not_raised)
+    if status == 503:
+        assert refused.value.retry_after == 30
+    # Subclasses, so a caller that handles 409 or 503 as a whole goes on working.
+    assert isinstance(refused.value, Conflict if status == 409 else TemporarilyUnavailable)

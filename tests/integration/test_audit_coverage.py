@@ -412,6 +412,12 @@ def _webhook_secret_rotated(w: World) -> Expected:
     return Expected("client.webhook_secret_rotated", OPERATOR, w.server.id, None)
 
 
+@case("client webhook URL changed")
+def _webhook_url_changed(w: World) -> Expected:
+    w.cli("clients", "set-webhook-url", w.server.id, "https://mcp.example.com/moved")
+    return Expected("client.webhook_url_changed", OPERATOR, w.server.id, None)
+
+
 @case("client disabled")
 def _client_disabled(w: World) -> Expected:
     w.cli("clients", "disable", w.server.id)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from flask import Flask
 
 from tests.conftest import Registered, client_for
-from tests.integration.conftest import Result
+from tests.integration.conftest import Result, free_port
 from tests.integration.portal.conftest import Browser
 
 pytestmark = pytest.mark.slow
@@ -59,6 +60,7 @@ def test_status_reports_schema_keys_and_backlog(
     assert report["keys"]["in_use"] == {"v1": 1}  # the client's webhook secret
     assert report["webhooks"]["backlog"] == 0
     assert report["elicitations"]["pending"] == 0
+    assert report["configuration"] == []
     assert report["oauth"] == {"redirect_uri": "https://localhost:8443/oauth/callback",
                                "types": []}
     text = ok(invoke_gateway("status"))
@@ -89,3 +91,69 @@ def test_status_fails_when_the_keyring_does_not_open_the_stored_secrets(
     report = json.loads(invoke_gateway("status", "--json", env={
         **cli_environ, "GATEWAY_ENCRYPTION_KEYS": other}).stdout)
     assert "wrong keyring" in report["keys"]["error"]
+
+
+def test_status_names_each_destination_the_outbound_guard_refuses(
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str], tmp_path: Path,
+) -> None:
+    receiver = f"127.0.0.1:{free_port()}"
+    minted = json.loads(ok(invoke_gateway(
+        "clients", "create", "Demo MCP server", "--webhook-url", f"http://{receiver}/hooks",
+        "--json", env={**cli_environ, "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS": receiver})))
+    assert json.loads(ok(invoke_gateway("status", "--json", env={
+        **cli_environ, "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS": receiver})))[
+        "configuration"] == []
+    catalog = tmp_path / "types.toml"
+    catalog.write_text('[generic]\nlabel = "API key"\n[local]\nlabel = "Local key"\n'
+                       '[local.check]\nurl = "https://10.0.0.8/check"\nheader = "X-Key"\n')
+    environ = {**cli_environ, "GATEWAY_CREDENTIAL_TYPES_FILE": str(catalog),
+               "GATEWAY_LOGIN_BACKEND": "oidc", "GATEWAY_OIDC_ISSUER": "http://127.0.0.1:9",
+               "GATEWAY_OIDC_CLIENT_ID": "gateway", "GATEWAY_OIDC_CLIENT_SECRET": "s" * 20}
+
+    result = invoke_gateway("status", env=environ)
+    assert result.code == 1
+    guard = "plain http only to hosts listed in GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS"
+    lines = [line for line in result.stdout.splitlines() if line.startswith("config:")]
+    assert lines == [
+        f"config:       GATEWAY_OIDC_ISSUER: the outbound guard refuses http://127.0.0.1:9 "
+        f"({guard}), so nobody can log in; use the identity provider's https issuer",
+        f"config:       [local.check] url in {catalog} (GATEWAY_CREDENTIAL_TYPES_FILE): the "
+        "outbound guard refuses https://10.0.0.8:443 (10.0.0.8 is private or special-purpose), "
+        "so no Local key can be checked, and none stored",
+        f"config:       webhook URL of client {minted['client_id']} (Demo MCP server): the "
+        f"outbound guard refuses http://{receiver} ({guard}), so every webhook to it fails; "
+        f"change it with `gateway clients set-webhook-url {minted['client_id']} URL`",
+    ]
+    report = json.loads(invoke_gateway("status", "--json", env=environ).stdout)
+    assert [(p["setting"], p["refuses_start"]) for p in report["configuration"]] == [
+        ("GATEWAY_OIDC_ISSUER", True),
+        (f"[local.check] url in {catalog} (GATEWAY_CREDENTIAL_TYPES_FILE)", True),
+        (f"webhook URL of client {minted['client_id']} (Demo MCP server)", False)]
+
+
+def test_status_says_when_the_identity_provider_does_not_answer(
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str],
+) -> None:
+    silent = f"127.0.0.1:{free_port()}"
+    environ = {**cli_environ, "GATEWAY_LOGIN_BACKEND": "oidc",
+               "GATEWAY_OIDC_ISSUER": f"http://{silent}", "GATEWAY_OIDC_CLIENT_ID": "gateway",
+               "GATEWAY_OIDC_CLIENT_SECRET": "s" * 20,
+               "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS": silent}
+    result = invoke_gateway("status", "--json", env=environ)
+    assert result.code == 1
+    assert json.loads(result.stdout)["configuration"] == [{
+        "setting": "GATEWAY_OIDC_ISSUER",
+        "problem": f"the identity provider cannot be reached at http://{silent}/.well-known/"
+                   "openid-configuration (ConnectionError); logins fail until that is fixed",
+        "refuses_start": False}]
+
+
+def test_status_names_a_malformed_development_host_list(
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str],
+) -> None:
+    result = invoke_gateway("status", "--json", env={
+        **cli_environ, "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS": "localhost"})
+    assert result.code == 1
+    assert json.loads(result.stdout)["configuration"] == [{
+        "setting": "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS",
+        "problem": "expected host:port entries, got 'localhost'", "refuses_start": True}]

@@ -102,3 +102,41 @@ def test_missing_secret_stops_and_names_it(invoke_gateway: Callable[..., Result]
     result = invoke_gateway("db", "current", env=without_secrets(cli_environ))
     assert result.code == 1
     assert "GATEWAY_SECRET_KEY: not set" in result.stderr
+
+
+def test_a_command_run_outside_the_instance_folder_says_where_it_looked(
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str], tmp_path: Path,
+) -> None:
+    # Run in tmp_path, whose instance/ (the default folder) holds no config.
+    environ = {k: v for k, v in without_secrets(cli_environ).items()
+               if k != "GATEWAY_INSTANCE_PATH"}
+    result = invoke_gateway("status", env=environ)
+    assert result.code == 1
+    assert result.stderr.strip() == (
+        "Error: GATEWAY_SECRET_KEY: not set, and there is no config file to read it from: "
+        "GATEWAY_INSTANCE_PATH is not set, so the gateway looked in ./instance, the folder "
+        f"{tmp_path.resolve() / 'instance'}, which has no gateway.toml. Set "
+        "GATEWAY_INSTANCE_PATH to your instance folder, or run `gateway init` to make one here")
+
+
+def test_an_instance_path_that_does_not_exist_is_named_as_given_and_resolved(
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str], tmp_path: Path,
+) -> None:
+    environ = {**without_secrets(cli_environ), "GATEWAY_INSTANCE_PATH": "elsewhere"}
+    result = invoke_gateway("clients", "list", env=environ)
+    assert result.code == 1
+    assert (f"GATEWAY_INSTANCE_PATH is 'elsewhere', the folder {tmp_path.resolve()}/elsewhere, "
+            "which does not exist. ") in result.stderr
+    assert "`gateway init` to make one there" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_config_file_without_a_secret_is_named(
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str], instance_path: Path,
+) -> None:
+    config = instance_path / "gateway.toml"
+    config.write_text(f'secret_key = "{"s" * 40}"\n')
+    result = invoke_gateway("status", env=without_secrets(cli_environ))
+    assert result.code == 1
+    assert result.stderr.strip() == (f"Error: GATEWAY_TOKEN_PEPPER: not set, neither in {config} "
+                                     "nor in the environment; add it to one of them")

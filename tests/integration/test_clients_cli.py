@@ -168,3 +168,26 @@ def test_rotate_revoke_and_disable_take_effect_at_once(
     assert new.call("GET", "/api/v1/elicitations")[0] == 401
     shown = json.loads(ok(invoke_gateway("clients", "show", minted["client_id"], "--json")))
     assert shown["status"] == "disabled"
+
+
+def test_set_webhook_url_checks_the_url_and_is_audited(
+    invoke_gateway: Callable[..., Result],
+) -> None:
+    ok(invoke_gateway("db", "upgrade"))
+    minted = create_client(invoke_gateway)
+    moved = ok(invoke_gateway("clients", "set-webhook-url", "Weather MCP",
+                              "https://mcp.example.com/v2/hooks"))
+    assert moved == (f"client {minted['client_id']} (Weather MCP) sends its webhooks to "
+                     "https://mcp.example.com/v2/hooks\n")
+    refused = invoke_gateway("clients", "set-webhook-url", minted["client_id"],
+                             "http://127.0.0.1:9/hooks")
+    assert refused.code == 1
+    assert refused.stderr.strip() == ("Error: webhook URL refused: plain http only to hosts "
+                                      "listed in GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS")
+    shown = json.loads(ok(invoke_gateway("clients", "show", minted["client_id"], "--json")))
+    assert shown["webhook_url"] == "https://mcp.example.com/v2/hooks"
+    [record] = json.loads(ok(invoke_gateway("audit", "--action", "client.webhook_url_changed",
+                                            "--json")))
+    assert record["target"] == minted["client_id"]
+    assert record["details"] == {"from": "https://mcp.example.com/hooks",
+                                 "to": "https://mcp.example.com/v2/hooks"}

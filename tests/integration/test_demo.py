@@ -6,13 +6,18 @@ import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import requests
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
 
+from gateway.clients.models import Client
+from gateway.identity.models import User
 from gateway.serving.tls import dev_certificate_paths
-from tests.integration.conftest import GATEWAY, free_port
+from tests.integration.conftest import GATEWAY, Result, free_port
 from tests.oidc.fixtures import OidcProvider
 
 pytestmark = pytest.mark.slow
@@ -20,34 +25,46 @@ pytestmark = pytest.mark.slow
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 
-@pytest.fixture
-def start_demo(cli_environ: dict[str, str],
-               tmp_path: Path) -> Iterator[Callable[..., tuple[Path, int]]]:
-    """Start ``gateway demo`` (with these settings added); its log and port."""
-    started: list[subprocess.Popen[bytes]] = []
+@dataclass
+class Demo:
+    """A running ``gateway demo``: its output so far and its port."""
 
-    def start(**settings: str) -> tuple[Path, int]:
+    process: subprocess.Popen[bytes]
+    log: Path
+    port: int
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def start_demo(cli_environ: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Demo]]:
+    """Start ``gateway demo`` (with these settings added) in the test's instance folder."""
+    started: list[Demo] = []
+
+    def start(**settings: str) -> Demo:
         port = free_port()
-        log = tmp_path / "demo.log"
+        log = tmp_path / f"demo-{port}.log"
         environ = {k: v for k, v in cli_environ.items() if k != "GATEWAY_PUBLIC_URL"}
         with log.open("w") as handle:
-            started.append(subprocess.Popen(
+            process = subprocess.Popen(
                 [*GATEWAY, "demo", "--port", str(port)], env={**environ, **settings},
-                cwd=tmp_path, stdout=handle, stderr=subprocess.STDOUT))
-        return log, port
+                cwd=tmp_path, stdout=handle, stderr=subprocess.STDOUT)
+        started.append(Demo(process, log, port))
+        return started[-1]
 
     yield start
-    for process in started:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    for demo in started:
+        demo.stop()
 
 
 @pytest.fixture
-def demo(start_demo: Callable[..., tuple[Path, int]]) -> tuple[Path, int]:
+def demo(start_demo: Callable[..., Demo]) -> Demo:
     return start_demo()
 
 
@@ -62,9 +79,17 @@ def wait_for(log: Path, pattern: str, timeout: float = 60) -> re.Match[str]:
 
 
 def test_the_demo_flow_works_as_a_newcomer_would_use_it(
-    demo: tuple[Path, int], instance_path: Path,
+    demo: Demo, instance_path: Path,
 ) -> None:
-    log, port = demo
+    enter_a_key_at_the_link(demo, instance_path, "demo-weather-key-0042")
+    event = wait_for(demo.log, r"webhook verified: elicitation\.completed (.*)\n", timeout=30)
+    assert '"hint": "…0042"' in event[1]
+    assert "demo-weather-key-0042" not in demo.log.read_text()
+
+
+def enter_a_key_at_the_link(demo: Demo, instance_path: Path, key: str) -> None:
+    """Open the printed link, log in with the printed user, enter ``key``."""
+    log, port = demo.log, demo.port
     link = wait_for(log, r"open:\s+(\S+)\n")[1]
     user = wait_for(log, r"user:\s+(\S+)\n")[1]
     password = wait_for(log, r"password:\s+(\S+)\n")[1]
@@ -81,26 +106,67 @@ def test_the_demo_flow_works_as_a_newcomer_would_use_it(
         "next": f"/e/{link.rsplit('/', 1)[1]}"})
     assert page.url == link
     done = browser.post(link, timeout=10, data={
-        "csrf_token": _CSRF.findall(page.text)[0], "action": "submit",
-        "secret": "demo-weather-key-0042"})
+        "csrf_token": _CSRF.findall(page.text)[0], "action": "submit", "secret": key})
     assert "This request is complete" in done.text
 
-    event = wait_for(log, r"webhook verified: elicitation\.completed (.*)\n", timeout=30)
-    assert '"hint": "…0042"' in event[1]
-    assert "demo-weather-key-0042" not in log.read_text()
+
+def test_a_second_run_keeps_the_one_demo_server_and_aims_it_at_its_own_receiver(
+    start_demo: Callable[..., Demo], instance_path: Path, engine: Engine,
+) -> None:
+    first = start_demo()
+    first_hooks = wait_for(first.log, r"go to (http://127\.0\.0\.1:\d+/hooks);")[1]
+    wait_for(first.log, r"Booting worker")
+    first.stop()
+
+    second = start_demo()
+    second_hooks = wait_for(second.log, r"go to (http://127\.0\.0\.1:\d+/hooks);")[1]
+    assert second_hooks != first_hooks
+    with Session(engine) as session:
+        registered = session.execute(select(Client.name, Client.webhook_url)).all()
+        users = session.scalars(select(User.username)).all()
+    assert [tuple(row) for row in registered] == [("Demo MCP server", second_hooks)]
+    assert users == ["demo"]
+    # The reused registration's secret, read back from the vault, verifies its webhooks.
+    enter_a_key_at_the_link(second, instance_path, "second-run-key-0077")
+    event = wait_for(second.log, r"webhook verified: elicitation\.completed (.*)\n", timeout=30)
+    assert '"hint": "…0077"' in event[1]
+    assert "WARNING gateway.serving.cli" not in second.log.read_text()  # no refused webhook URL
+
+
+def test_the_instance_configs_development_hosts_stay_allowed_beside_the_receiver(
+    start_demo: Callable[..., Demo], run_gateway: Callable[..., Result],
+    cli_environ: dict[str, str], instance_path: Path,
+) -> None:
+    elsewhere = f"127.0.0.1:{free_port()}"  # an MCP server of the operator's, say
+    demo = start_demo()
+    wait_for(demo.log, r"Booting worker")
+    demo.stop()
+    config = instance_path / "gateway.toml"
+    config.write_text(config.read_text()
+                      + f'outbound_allow_insecure_hosts = ["{elsewhere}"]\n')
+    # Every command reads the instance's config, so the CLI may register such a server...
+    created = run_gateway("clients", "create", "Local MCP", "--webhook-url",
+                          f"http://{elsewhere}/hooks")
+    assert created.code == 0, created.stderr
+    # ...and the demo adds its receiver to that list rather than replacing it.
+    demo = start_demo()
+    relaxed = wait_for(demo.log, r"OUTBOUND GUARD RELAXED for (.*) \(")[1].split(", ")
+    receiver = wait_for(demo.log, r"go to http://(127\.0\.0\.1:\d+)/hooks;")[1]
+    assert sorted(relaxed) == sorted([elsewhere, receiver])
+    assert "WARNING gateway.serving.cli" not in demo.log.read_text()
 
 
 def test_with_the_openid_connect_login_users_sign_in_at_the_provider(
-    start_demo: Callable[..., tuple[Path, int]], instance_path: Path,
-    oidc_provider: OidcProvider,
+    start_demo: Callable[..., Demo], instance_path: Path, oidc_provider: OidcProvider,
 ) -> None:
     provider_host = oidc_provider.issuer.removeprefix("http://")
-    log, port = start_demo(
+    demo = start_demo(
         GATEWAY_LOGIN_BACKEND="oidc", GATEWAY_OIDC_ISSUER=oidc_provider.issuer,
         GATEWAY_OIDC_CLIENT_ID=oidc_provider.client_id,
         GATEWAY_OIDC_CLIENT_SECRET=oidc_provider.client_secret,
         # The demo adds its webhook receiver to these; it must not drop them.
         GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS=provider_host)
+    log, port = demo.log, demo.port
     wait_for(log, rf"Users log in at {re.escape(oidc_provider.issuer)}\.\n")
     wait_for(log, r"Booting worker")
     # No local user, no password and no link for somebody the provider does not know.

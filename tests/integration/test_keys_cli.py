@@ -191,8 +191,9 @@ def test_retiring_is_refused_while_a_running_instance_still_wraps_with_the_versi
     assert stored_versions(engine) == [2]
 
 
+@pytest.mark.parametrize("name", ["v1", "1", "V1"])
 def test_a_heartbeat_gone_stale_no_longer_holds_a_version(
-    invoke_gateway: Callable[..., Result], engine: Engine, keyring_file: Path,
+    invoke_gateway: Callable[..., Result], engine: Engine, keyring_file: Path, name: str,
 ) -> None:
     stopped = KeyVersions(engine, lambda: read_keyring_file(keyring_file), SystemClock(),
                           role="web")
@@ -201,16 +202,22 @@ def test_a_heartbeat_gone_stale_no_longer_holds_a_version(
     with Session(engine) as session, session.begin():
         for beat in session.scalars(select(VaultInstance)):
             beat.seen_at -= key_versions.HEARTBEAT_FRESH
-    ok(invoke_gateway("keys", "retire", "v1"))
+    # However the version was written, the messages and the audit trail say v1.
+    assert ok(invoke_gateway("keys", "retire", name)).startswith("v1 retired\n")
     assert stored_versions(engine) == [2]
+    retired = json.loads(ok(invoke_gateway("audit", "--action", "keys.retired", "--json")))
+    assert [record["target"] for record in retired] == ["v1"]
 
 
 def test_retiring_a_version_that_is_not_there_is_refused(
     invoke_gateway: Callable[..., Result], keyring_file: Path,
 ) -> None:
     ok(invoke_gateway("keys", "rotate"))
-    for name in ("v7", "7"):
+    for name in ("v7", "7", "V7", "v07"):
         refused = invoke_gateway("keys", "retire", name)
         assert refused.code == 1
         assert "v7 is not a key version" in refused.stderr
-    assert invoke_gateway("keys", "retire", "seven").code != 0
+    for malformed in ("seven", "v", "v-1", "²"):
+        refused = invoke_gateway("keys", "retire", malformed)
+        assert refused.code == 2
+        assert f"a key version looks like v2 (or 2), not {malformed!r}" in refused.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import logging
 import os
 import signal
@@ -23,7 +24,7 @@ from gateway.serving.affinity import pins
 from gateway.serving.cli import DEFAULT_WORKERS, _warn_if_connections_may_run_out, workers_for
 from gateway.serving.tls import dev_certificate_paths, make_self_signed
 from gateway.settings import Settings
-from tests.integration.conftest import Result, Server, tls_context
+from tests.integration.conftest import Result, Server, free_port, tls_context
 
 pytestmark = pytest.mark.slow
 
@@ -332,6 +333,60 @@ def test_an_unmigrated_database_is_refused(run_gateway: Callable[..., Result],
     result = run_gateway("serve", env={**cli_environ, "GATEWAY_DATABASE_URL": empty_database_url})
     assert result.code == 1
     assert "run `gateway db upgrade` first" in result.stderr
+
+
+OIDC = {"GATEWAY_LOGIN_BACKEND": "oidc", "GATEWAY_OIDC_CLIENT_ID": "gateway",
+        "GATEWAY_OIDC_CLIENT_SECRET": "s" * 20}
+GUARD_HTTP = "plain http only to hosts listed in GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS"
+
+
+def test_an_issuer_the_outbound_guard_refuses_stops_the_start(
+    run_gateway: Callable[..., Result], cli_environ: dict[str, str],
+) -> None:
+    result = run_gateway("serve", env={**cli_environ, **OIDC,
+                                       "GATEWAY_OIDC_ISSUER": "http://127.0.0.1:9"})
+    assert result.code == 1
+    assert result.stderr.strip() == (
+        f"Error: GATEWAY_OIDC_ISSUER: the outbound guard refuses http://127.0.0.1:9 ({GUARD_HTTP}),"
+        " so nobody can log in; use the identity provider's https issuer")
+
+
+def test_a_check_url_the_outbound_guard_refuses_stops_the_start(
+    run_gateway: Callable[..., Result], cli_environ: dict[str, str], tmp_path: Path,
+) -> None:
+    catalog = tmp_path / "types.toml"
+    catalog.write_text('[generic]\nlabel = "API key"\n[local]\nlabel = "Local key"\n'
+                       '[local.check]\nurl = "http://127.0.0.1:8000/check"\nheader = "X-Key"\n')
+    result = run_gateway("serve", env={**cli_environ,
+                                       "GATEWAY_CREDENTIAL_TYPES_FILE": str(catalog)})
+    assert result.code == 1
+    assert result.stderr.strip() == (
+        f"Error: [local.check] url in {catalog} (GATEWAY_CREDENTIAL_TYPES_FILE): the outbound "
+        f"guard refuses http://127.0.0.1:8000 ({GUARD_HTTP}), so no Local key can be checked, "
+        "and none stored")
+
+
+def test_a_silent_provider_and_a_refused_webhook_url_are_warned_of_and_it_starts(
+    run_gateway: Callable[..., Result], start_server: Callable[..., Server],
+    cli_environ: dict[str, str],
+) -> None:
+    receiver, silent = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    created = run_gateway("clients", "create", "Hooked MCP", "--webhook-url",
+                          f"http://{receiver}/hooks", "--json",
+                          env={**cli_environ, "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS": receiver})
+    assert created.code == 0, created.stderr
+    client_id = json.loads(created.stdout)["client_id"]
+    server = start_server(env={**cli_environ, **OIDC, "GATEWAY_OIDC_ISSUER": f"http://{silent}",
+                               "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS": silent})
+    output = server.output()
+    assert (f"WARNING gateway.serving.cli: GATEWAY_OIDC_ISSUER: the identity provider cannot be "
+            f"reached at http://{silent}/.well-known/openid-configuration (ConnectionError); "
+            "logins fail until that is fixed\n") in output
+    assert (f"WARNING gateway.serving.cli: webhook URL of client {client_id} (Hooked MCP): the "
+            f"outbound guard refuses http://{receiver} ({GUARD_HTTP}), so every webhook to it "
+            f"fails; change it with `gateway clients set-webhook-url {client_id} URL`\n") in output
+    context = tls_context(dev_certificate_paths(Path(cli_environ["GATEWAY_INSTANCE_PATH"]))[0])
+    assert get(server, "/healthz", context).status == 200
 
 
 def test_more_workers_than_postgresql_has_connections_for_are_warned_about(

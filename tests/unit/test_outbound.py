@@ -315,6 +315,52 @@ def test_refusal_shows_scheme_host_and_port_only() -> None:
     )
 
 
+# --- check_url: the guard's word on a configured URL, without a lookup ----------------------
+
+
+@pytest.mark.parametrize("address", BLOCKED_ADDRESSES)
+def test_a_configured_url_with_a_blocked_address_is_refused_without_a_lookup(
+    address: str,
+) -> None:
+    resolver = FakeResolver({})
+    with pytest.raises(BlockedDestination) as refusal:
+        policy_with(resolver).check_url(f"https://{in_url(address)}:8443/hooks?t=s3cret")
+    assert refusal.value.reason.startswith(f"{ipaddress.ip_address(address)} is ")
+    assert "s3cret" not in str(refusal.value)
+    assert resolver.lookups == []
+
+
+@pytest.mark.parametrize(("url", "reason"), [
+    ("http://hooks.example/x",
+     "plain http only to hosts listed in GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS"),
+    ("ftp://hooks.example/x", "only https is allowed"),
+    ("https:///x", "the URL names no host"),
+    ("https://hooks.example:99999/x", "not a URL"),
+])
+def test_a_configured_url_the_guard_refuses_by_its_form(url: str, reason: str) -> None:
+    resolver = FakeResolver({})
+    with pytest.raises(BlockedDestination) as refusal:
+        policy_with(resolver).check_url(url)
+    assert refusal.value.reason == reason
+    assert resolver.lookups == []
+
+
+@pytest.mark.parametrize("url", [f"https://{HOOKS}/x", f"https://{PUBLIC}/x",
+                                 f"https://[{OTHER_PUBLIC}]:8443/x"])
+def test_a_configured_url_that_may_pass_is_left_to_the_connection(url: str) -> None:
+    resolver = FakeResolver({})
+    policy_with(resolver).check_url(url)  # a name is resolved and checked when it is called
+    assert resolver.lookups == []
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9000/hooks", "https://127.0.0.1:9000/x",
+                                 "http://localhost:9000/"])
+def test_a_configured_url_to_a_listed_host_passes(url: str) -> None:
+    policy_with(insecure=("127.0.0.1:9000", "localhost:9000")).check_url(url)
+    with pytest.raises(BlockedDestination):
+        policy_with(insecure=("127.0.0.1:9001", "localhost:9001")).check_url(url)
+
+
 # --- DNS rebinding and the checked connection ----------------------------------------------------
 
 

@@ -200,6 +200,18 @@ def test_a_lease_a_send_could_outlast_is_refused(environ: dict[str, str]) -> Non
     assert (short.webhook_send_timeout_seconds, short.webhook_lease_seconds) == (2, 7)
 
 
+def test_the_refresh_margin_is_a_minute_unless_set(environ: dict[str, str]) -> None:
+    assert load_settings(environ).oauth_refresh_margin_seconds == 60
+    changed = load_settings({**environ, "GATEWAY_OAUTH_REFRESH_MARGIN_SECONDS": "0"})
+    assert changed.oauth_refresh_margin_seconds == 0
+
+
+@pytest.mark.parametrize("margin", ["-1", "3601"])
+def test_a_refresh_margin_out_of_range_is_named(environ: dict[str, str], margin: str) -> None:
+    message = error_of({**environ, "GATEWAY_OAUTH_REFRESH_MARGIN_SECONDS": margin})
+    assert message.startswith("GATEWAY_OAUTH_REFRESH_MARGIN_SECONDS: must be from 0 to 3600")
+
+
 def test_settings_are_read_only(environ: dict[str, str]) -> None:
     settings = load_settings(environ)
     with pytest.raises(dataclasses.FrozenInstanceError):

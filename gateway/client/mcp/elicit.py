@@ -1,4 +1,4 @@
-"""Ask for an API key or a payment from inside an MCP tool, on either protocol version.
+"""Ask for a key, a connected account or a payment inside an MCP tool, on either protocol version.
 
 One call in the tool serves both versions clients speak today:
 
@@ -21,6 +21,10 @@ One call in the tool serves both versions clients speak today:
 ...     return key
 >>> use(key.secret)
 
+:meth:`GatewayElicitations.oauth_token` works the same way for an account
+the user connects at a third-party provider; its ``secret`` is an access
+token.
+
 Whatever goes wrong on the way to the gateway (it refuses the call, or does
 not answer) ends the tool call as a :class:`GatewayCallFailed`: a tool error
 whose text is the gateway's own ``title: detail``, so the user learns what is
@@ -32,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Final, TypeVar
 
@@ -44,9 +48,9 @@ from mcp_types import ElicitRequest, ElicitRequestURLParams, ElicitResult, Input
 from mcp_types.version import is_version_at_least
 
 from gateway.client.api import GatewayClient
-from gateway.client.errors import Conflict, GatewayClientError
+from gateway.client.errors import Conflict, GatewayClientError, ReconnectRequired
 from gateway.client.mcp.notify import CompletionNotifier
-from gateway.client.models import Elicitation, RevealedCredential, Subject
+from gateway.client.models import CredentialKind, Elicitation, RevealedCredential, Subject
 
 # The first version that carries elicitations inside InputRequiredResult.
 MULTI_ROUND_TRIP: Final = "2026-07-28"
@@ -136,24 +140,33 @@ class GatewayElicitations:
         the tool as is (2026-07-28); raises ``UrlElicitationRequiredError``
         (2025-11-25) or :class:`ElicitationNotCompleted`.
         """
-        client = self.client
+        def ask() -> Elicitation:
+            return self.client.request_api_key(subject, credential_type, message,
+                                               ttl_seconds=self.ttl_seconds, metadata=metadata)
 
-        def stored() -> RevealedCredential | None:
-            found = client.find_credential(subject, credential_type)
-            return client.reveal_credential(found.id) if found is not None else None
+        return await self._credential(ctx, "api_key", subject, credential_type, ask)
 
-        def create() -> Elicitation:
-            return client.request_api_key(subject, credential_type, message,
-                                          ttl_seconds=self.ttl_seconds, metadata=metadata)
+    async def oauth_token(
+        self, ctx: Context[Any, Any], subject: Subject, credential_type: str, message: str, *,
+        scopes: Sequence[str] | None = None, metadata: Mapping[str, Any] | None = None,
+    ) -> RevealedCredential | InputRequiredResult:
+        """An access token of the user's connected account, or the step that asks them to connect.
 
-        def finish(done: Elicitation) -> RevealedCredential:
-            found = client.find_credential(subject, credential_type, elicitation_id=done.id)
-            if found is None:
-                # Entered, then revoked at once: as good as not entered.
-                raise ElicitationNotCompleted(done)
-            return client.reveal_credential(found.id)
+        As :meth:`api_key`, for a credential type of kind ``oauth``: the
+        ``secret`` of what comes back is a working access token (the gateway
+        refreshes it when needed), with ``token_type``, ``expires_at``,
+        ``scopes`` and ``account``. A connection the provider will no longer
+        refresh (``reconnect-required``) is asked for again. ``scopes``, when
+        given, are asked for in a new connection; a stored one is used with
+        whatever it was granted (see ``scopes`` of the result). While the
+        provider does not answer a needed refresh, raises :class:`GatewayCallFailed`
+        whose ``error`` is a :class:`~gateway.client.errors.ProviderUnavailable`.
+        """
+        def ask() -> Elicitation:
+            return self.client.request_oauth(subject, credential_type, message, scopes=scopes,
+                                             ttl_seconds=self.ttl_seconds, metadata=metadata)
 
-        return await self._resolve(ctx, f"api_key:{credential_type}", stored, create, finish)
+        return await self._credential(ctx, "oauth", subject, credential_type, ask)
 
     async def payment(
         self, ctx: Context[Any, Any], subject: Subject, payment: Mapping[str, Any],
@@ -190,6 +203,33 @@ class GatewayElicitations:
                                    earlier=earlier)
 
     # --- the shared flow -------------------------------------------------------------
+
+    async def _credential(
+        self, ctx: Context[Any, Any], kind: CredentialKind, subject: Subject,
+        credential_type: str, ask: Callable[[], Elicitation],
+    ) -> RevealedCredential | InputRequiredResult:
+        """The subject's live key or connection of this type, revealed, or ``ask`` for one."""
+        client = self.client
+
+        def stored() -> RevealedCredential | None:
+            found = client.find_credential(subject, credential_type)
+            if found is None:
+                return None
+            try:
+                return client.reveal_credential(found.id)
+            except ReconnectRequired:
+                # The provider refused the refresh and the gateway revoked the
+                # connection: as good as none stored, so the user is asked again.
+                return None
+
+        def finish(done: Elicitation) -> RevealedCredential:
+            found = client.find_credential(subject, credential_type, elicitation_id=done.id)
+            if found is None:
+                # Entered, then revoked at once: as good as not entered.
+                raise ElicitationNotCompleted(done)
+            return client.reveal_credential(found.id)
+
+        return await self._resolve(ctx, f"{kind}:{credential_type}", stored, ask, finish)
 
     async def _resolve(
         self, ctx: Context[Any, Any], purpose: str, stored: Callable[[], _T | None] | None,
