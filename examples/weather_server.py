@@ -18,6 +18,10 @@ For the OAuth tool, ``whoami_on_provider``, also set
 and ``WEATHER_OAUTH_USERINFO_URL`` (the provider's userinfo endpoint, which
 the tool calls with the user's access token).
 
+When the gateway refuses a call (payments not configured, a revoked API
+token) or does not answer, the tool call ends as a tool error in the
+gateway's own words, which the MCP client shows its user.
+
 Endpoints: ``/mcp`` (MCP, bearer token required) and ``/webhooks/gateway``
 (the gateway's signed webhooks; register it with ``gateway clients create
 --webhook-url``). "The example server" in docs/sdk.md runs it beside
@@ -42,7 +46,12 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import InputRequiredResult
 
 from gateway.client import GatewayClient, InvalidRequest, ProviderUnavailable, RevealedCredential
-from gateway.client.mcp import CompletionNotifier, GatewayElicitations, subject_of
+from gateway.client.mcp import (
+    CompletionNotifier,
+    GatewayCallFailed,
+    GatewayElicitations,
+    subject_of,
+)
 
 # Asymmetric algorithms only: a token signed with "none" or an HMAC is never accepted.
 ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "EdDSA"]
@@ -169,15 +178,20 @@ def build_server(config: Config) -> tuple[MCPServer, GatewayElicitations]:
             token = await elicitations.oauth_token(
                 ctx, subject_of(), config.oauth_type,
                 "Connect your account so this server can see who you are there.")
-        except InvalidRequest as refused:
-            if refused.problem.get("field") != "credential_type":
-                raise
-            raise ToolError(f"The gateway has no OAuth connection type {config.oauth_type!r} "
-                            f"configured ({refused.detail}). Its operator adds one (kind = "
-                            "\"oauth\") to its credential types file.") from None
-        except ProviderUnavailable as down:
-            raise ToolError("The provider of your account is not answering; try again in "
-                            f"{down.retry_after or 30:.0f} seconds.") from None
+        except GatewayCallFailed as failed:
+            # The helper's error already has the gateway's words; two cases this
+            # server can put better for its own users.
+            refused = failed.error
+            if isinstance(refused, InvalidRequest) and \
+                    refused.problem.get("field") == "credential_type":
+                raise ToolError(f"The gateway has no OAuth connection type "
+                                f"{config.oauth_type!r} configured ({refused.detail}). Its "
+                                "operator adds one (kind = \"oauth\") to its credential types "
+                                "file.") from None
+            if isinstance(refused, ProviderUnavailable):
+                raise ToolError("The provider of your account is not answering; try again in "
+                                f"{refused.retry_after or 30:.0f} seconds.") from None
+            raise
         if isinstance(token, InputRequiredResult):
             return token
         name = await anyio.to_thread.run_sync(

@@ -15,6 +15,7 @@ from gateway.elicitations import views as portal
 from gateway.elicitations.waiting import DEFAULT_SLOTS, WaitHub
 from gateway.identity import views as identity
 from gateway.identity.sessions import ServerSessionInterface
+from gateway.identity.web import page_subject
 from gateway.metrics import views as metrics
 from gateway.oauth import views as oauth
 from gateway.payments import stripe_gateway
@@ -24,6 +25,7 @@ from gateway.settings import Settings, load_settings
 from gateway.vault import versions as key_versions
 from gateway.web import api, openapi, ratelimit
 from gateway.web.converters import IdConverter
+from gateway.wording import with_article
 
 MAX_REQUEST_BYTES = 64 * 1024
 
@@ -63,6 +65,10 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.extensions["gateway.client_names"] = ClientNames()
     app.extensions["gateway.stripe"] = stripe or stripe_gateway.from_settings(settings)
     app.jinja_env.globals["public_host"] = settings.public_host
+    # What the address bar shows (the port too, unless 443): pages tell users to check it.
+    app.jinja_env.globals["public_address"] = settings.public_address
+    app.jinja_env.globals["page_subject"] = page_subject
+    app.jinja_env.filters["with_article"] = with_article
     # Not url_for: error pages render even when the request's host was refused
     # and Flask has no URL adapter.
     app.jinja_env.globals["static_url"] = lambda name: f"{app.static_url_path}/{name}"

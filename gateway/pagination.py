@@ -10,6 +10,7 @@ import base64
 import binascii
 import re
 from datetime import UTC, datetime
+from typing import overload
 
 from gateway.errors import InvalidInput
 from gateway.tokens import ID_PATTERN
@@ -39,6 +40,14 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         return moment.astimezone(UTC), last_id
     except (binascii.Error, UnicodeDecodeError, ValueError, OverflowError):
         raise InvalidInput("cursor is not one this API returned", field="cursor") from None
+
+
+@overload
+def timestamp(moment: datetime) -> str: ...
+
+
+@overload
+def timestamp(moment: datetime | None) -> str | None: ...
 
 
 def timestamp(moment: datetime | None) -> str | None:

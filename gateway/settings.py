@@ -105,6 +105,15 @@ class Settings:
         return urlsplit(self.public_url).hostname or ""
 
     @property
+    def public_address(self) -> str:
+        """The host as the address bar shows it: with its port, unless that is 443."""
+        parts = urlsplit(self.public_url)
+        host = self.public_host
+        if ":" in host:
+            host = f"[{host}]"  # an IPv6 address, bracketed as in a URL
+        return host if parts.port in (None, 443) else f"{host}:{parts.port}"
+
+    @property
     def trusted_hosts(self) -> tuple[str, ...]:
         """Host names a request may carry; anything else is answered with 400."""
         return (self.public_host, *self.allowed_hosts)

@@ -17,14 +17,29 @@ PROBLEM_PREFIX: Final = "urn:gateway:problem:"
 class GatewayClientError(Exception):
     """Anything the gateway client raises."""
 
+    def describe(self) -> str:
+        """What went wrong, in words to pass on to a person (an MCP tool's error text)."""
+        return str(self)
+
 
 class GatewayUnavailable(GatewayClientError):
     """No answer from the gateway: connection refused or reset, TLS failure, timeout.
 
     Raised once the retries are spent. A create retried with the same
     ``Idempotency-Key`` may still have happened on the gateway; creating again
-    with that key is safe and returns the same elicitation.
+    with that key is safe and returns the same elicitation. ``url`` is the
+    gateway's base URL, ``reason`` why no answer came ("connection refused").
     """
+
+    def __init__(self, url: str, reason: str, *, attempts: int = 1, call: str = "") -> None:
+        self.url = url
+        self.reason = reason
+        self.attempts = attempts
+        what = f"{call}: " if call else ""
+        super().__init__(f"{what}no answer from {url} after {attempts} attempt(s): {reason}")
+
+    def describe(self) -> str:
+        return f"The gateway at {self.url} did not answer: {self.reason}."
 
 
 class ProblemError(GatewayClientError):
@@ -45,6 +60,12 @@ class ProblemError(GatewayClientError):
     def code(self) -> str:
         """The gateway's short error code (``not-found``, ``validation-failed``...)."""
         return self.type.removeprefix(PROBLEM_PREFIX)
+
+    def describe(self) -> str:
+        """The gateway's own words: the problem's ``title: detail``."""
+        if self.detail and self.detail != self.title:
+            return f"{self.title}: {self.detail}"
+        return self.title
 
     def _summary(self) -> str:
         text = f"{self.status} {self.title}"

@@ -20,7 +20,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 import requests
-from urllib3.exceptions import NewConnectionError
+from urllib3.exceptions import NameResolutionError, NewConnectionError, ProtocolError
 
 from gateway import __version__
 from gateway.client.errors import GatewayUnavailable, problem_error
@@ -99,9 +99,8 @@ class Transport:
                 retryable = _never_sent(error) or (
                     not retry_unless_sent and isinstance(error, _MAYBE_SENT))
                 if not retryable or attempt >= self.retries:
-                    raise GatewayUnavailable(
-                        f"{method} {path}: no answer from {self.base_url} "
-                        f"after {attempt + 1} attempt(s): {_reason(error)}") from error
+                    raise GatewayUnavailable(self.base_url, _reason(error), attempts=attempt + 1,
+                                             call=f"{method} {path}") from error
             # Exponential back-off with jitter, so many servers retrying at once spread out.
             self._sleep(self.backoff * (2 ** attempt) * (0.5 + random.random()))  # noqa: S311
             attempt += 1
@@ -120,10 +119,24 @@ def _never_sent(error: requests.RequestException) -> bool:
 
 
 def _reason(error: requests.RequestException) -> str:
-    # The exception text can carry the full URL; keep only its kind and cause.
+    """Why no answer came, in words; the exception's own text can carry the full URL."""
+    if isinstance(error, requests.ConnectTimeout):
+        return "the connection timed out"
+    if isinstance(error, requests.ReadTimeout):
+        return "it sent no answer in time"
+    if isinstance(error, requests.exceptions.SSLError):
+        return "the TLS handshake failed (is its certificate trusted here?)"
     cause: Any = error.args[0] if error.args else None
+    if isinstance(cause, ProtocolError):
+        return "the connection closed before an answer came"
     reason = getattr(cause, "reason", None)
-    return type(error).__name__ + (f" ({type(reason).__name__})" if reason else "")
+    if isinstance(reason, NameResolutionError):
+        return "its host name could not be resolved"
+    refused = getattr(reason, "__cause__", None)
+    if isinstance(reason, NewConnectionError) and isinstance(refused, OSError) and \
+            refused.strerror:
+        return refused.strerror.lower()  # "connection refused", "network is unreachable"
+    return f"the connection failed ({type(error).__name__})"
 
 
 def _answer(response: requests.Response) -> Answer:

@@ -32,6 +32,7 @@ from gateway.tokens import new_id
 from gateway.vault.envelope import VaultError, bind, reveal_plaintext, seal
 from gateway.vault.keyring import KeySource
 from gateway.webhooks import outbox
+from gateway.wording import with_article
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +54,20 @@ class InvalidSecret(GatewayError):
 def check_shape(credential_type: CredentialType, secret: str) -> None:
     """Refuse a key of the wrong length or pattern, without repeating it."""
     label = credential_type.label
+    # "A GitHub token has...", "An OpenAI API key has...": as the label is said.
+    a_label = with_article(label)
+    opening = a_label[0].upper() + a_label[1:]
     if not secret:
         raise InvalidSecret(f"Enter your {label}.")
     if len(secret) < credential_type.min_length:
-        raise InvalidSecret(f"A {label} has at least {credential_type.min_length} characters.")
+        raise InvalidSecret(f"{opening} has at least {credential_type.min_length} characters.")
     if len(secret) > credential_type.max_length:
-        raise InvalidSecret(f"A {label} has at most {credential_type.max_length} characters.")
+        raise InvalidSecret(f"{opening} has at most {credential_type.max_length} characters.")
     if _CONTROL.search(secret):
-        raise InvalidSecret(f"A {label} has no line breaks, tabs or other control "
+        raise InvalidSecret(f"{opening} has no line breaks, tabs or other control "
                             "characters. Copy just the key and try again.")
     if credential_type.pattern is not None and not credential_type.pattern.fullmatch(secret):
-        raise InvalidSecret(f"This does not look like a {label}. Check that you copied the "
+        raise InvalidSecret(f"This does not look like {a_label}. Check that you copied the "
                             "whole key, with nothing before or after it.")
 
 

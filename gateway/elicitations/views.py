@@ -7,6 +7,7 @@ recorded as ``identity_mismatch``. Only then does anything change.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -160,12 +161,11 @@ def render(session: Session, elicitation: Elicitation, subject: Subject,
     context: dict[str, Any] = {
         "elicitation": elicitation, "subject": subject, "error": error,
         "client_name": client_name(elicitation.client_id),
-        "expires_iso": timestamp(elicitation.expires_at),
-        "expires_text": _expiry_text(elicitation.expires_at, current_clock().now()),
+        "expires": Expiry.of(elicitation.expires_at, current_clock().now()),
     }
     if elicitation.kind == "api_key":
         credential_type = current_catalog().get(elicitation.credential_type or "")
-        label = credential_type.label if credential_type else "an API key"
+        label = credential_type.label if credential_type else "API key"
         return render_template("elicitation_api_key.html", asked=f"your {label}",
                                credential_type=credential_type, **context)
     if elicitation.kind == "oauth":
@@ -180,15 +180,32 @@ def render(session: Session, elicitation: Elicitation, subject: Subject,
 def ended(elicitation: Elicitation) -> str:
     """The page of an elicitation that has ended: done, declined, expired or withdrawn."""
     heading, tone, text = ENDED[Status(elicitation.status)]
+    # A stored key can be taken back later: say where, on the page that stored it.
+    revocable = elicitation.status == Status.COMPLETED and elicitation.kind == "api_key"
     return render_template("elicitation_ended.html", heading=heading, tone=tone, text=text,
-                           client_name=client_name(elicitation.client_id))
+                           revocable=revocable, client_name=client_name(elicitation.client_id))
 
 
-def _expiry_text(expires_at: datetime, now: datetime) -> str:
-    minutes = max(0, int((expires_at - now).total_seconds() // 60))
-    when = expires_at.strftime("%H:%M UTC")
-    if minutes < 1:
-        return f"{when} (in less than a minute)"
-    if minutes < 120:
-        return f"{when} (in {minutes} minute{'s' if minutes != 1 else ''})"
-    return f"{expires_at:%Y-%m-%d %H:%M} UTC (in {minutes // 60} hours)"
+@dataclass(frozen=True, slots=True)
+class Expiry:
+    """When a link expires, as pages show it (the ``expiry`` macro of ``_portal.html``).
+
+    The server knows no reader's time zone, so it writes UTC; the page's
+    script adds the reader's local time from ``iso``.
+    """
+
+    iso: str  # for <time datetime>
+    utc: str  # "14:05 UTC", or with the date when it is hours away
+    remaining: str  # "in 12 minutes"
+
+    @classmethod
+    def of(cls, expires_at: datetime, now: datetime) -> Expiry:
+        minutes = max(0, int((expires_at - now).total_seconds() // 60))
+        if minutes < 1:
+            remaining = "in less than a minute"
+        elif minutes < 120:
+            remaining = f"in {minutes} minute{'s' if minutes != 1 else ''}"
+        else:
+            remaining = f"in {minutes // 60} hours"
+        when = f"{expires_at:%H:%M} UTC" if minutes < 120 else f"{expires_at:%Y-%m-%d %H:%M} UTC"
+        return cls(timestamp(expires_at), when, remaining)

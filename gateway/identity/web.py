@@ -33,6 +33,19 @@ def browser_binding(pepper: Secret) -> str | None:
     return keyed_digest(pepper, token) if token else None
 
 
+def page_subject() -> Subject | None:
+    """Who a page is shown to, for its account links; None where the session never opened.
+
+    An error page can be rendered for a request whose session could not be
+    read (the database was away while the request was set up); Flask's
+    session proxy then fails an assertion instead of answering.
+    """
+    try:
+        return current_subject()
+    except AssertionError:
+        return None
+
+
 def actor_of(subject: Subject) -> str:
     """The audit trail's name for a signed-in user."""
     return f"user:{subject.sub}@{subject.iss}"

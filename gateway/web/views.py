@@ -22,8 +22,7 @@ blueprint = Blueprint("web", __name__)
 @blueprint.get("/")
 def index() -> str:
     """What this site is, for someone who arrives without a link."""
-    settings: Settings = current_app.extensions["gateway.settings"]
-    return render_template("index.html", host=settings.public_host)
+    return render_template("index.html")
 
 
 @blueprint.get("/healthz")

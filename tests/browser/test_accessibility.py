@@ -212,7 +212,9 @@ def test_the_secret_field_comes_first_on_the_request_page(
     page.goto(link["url"])
     log_in(page, user)
     expect(page.get_by_label("API key")).to_be_focused()
-    assert focus_sequence(page, 4) == [
+    # From the top: the header's account links, then the form in the order it reads.
+    assert focus_sequence(page, 6) == [
+        "Your keys", "Log out",
         "secret", "toggle-secret", "Save key", "Decline: I do not want to give this"]
 
 
@@ -296,18 +298,21 @@ def test_focus_outline_is_visible_against_the_page(
     page.goto(link["url"])
     log_in(page, user)
     page.locator("header.site").click()
-    for _ in range(4):
+    for _ in range(6):
         page.keyboard.press("Tab")
         ring = page.evaluate("""() => {
           const e = document.activeElement, s = getComputedStyle(e);
+          const band = e.closest("header.site");
           return {what: e.id || e.textContent.trim(), style: s.outlineStyle,
-                  width: parseFloat(s.outlineWidth), colour: s.outlineColor};
+                  width: parseFloat(s.outlineWidth), colour: s.outlineColor,
+                  around: band ? getComputedStyle(band).backgroundColor : "rgb(255, 255, 255)"};
         }""")
         assert ring["style"] != "none", ring
         assert ring["width"] >= 2, ring
         rgb = [float(c) for c in re.findall(r"[\d.]+", ring["colour"])[:3]]
-        # The ring sits on the white card around the form.
-        assert contrast(rgb, [255, 255, 255]) >= 3, ring
+        # The ring sits on the dark header band (the account links) or the white card.
+        around = [float(c) for c in re.findall(r"[\d.]+", ring["around"])[:3]]
+        assert contrast(rgb, around) >= 3, ring
 
 
 # --- layout ------------------------------------------------------------------------------
@@ -398,9 +403,11 @@ def test_pages_load_only_from_the_gateway_and_carry_no_inline_code(
     """No third-party asset; no inline style, and no script without the CSP nonce."""
     hygiene = Hygiene()
     tour().walk(hygiene)
-    assert hygiene.scripts["elicitation"] == 1  # the show/hide toggle, with its nonce
+    # The show/hide toggle and the expiry's local time, each with the nonce.
+    assert hygiene.scripts["elicitation"] == 2
     assert any(url.endswith("/static/gateway.css") for url in watch.requests)
     assert any(url.endswith("/static/reveal.js") for url in watch.requests)
+    assert any(url.endswith("/static/localtime.js") for url in watch.requests)
     elsewhere = [url for url in watch.requests if not url.startswith(f"https://{watch.host}/")]
     assert elsewhere == []
 
@@ -424,7 +431,8 @@ def test_the_connection_pages_pass_the_same_checks(
             each(name, page, response)
 
     assert connection_tour(viewport=viewport).walk(check) == CONNECTION_PAGES
-    assert hygiene.scripts == {"connect": 0, "connected": 0}
+    # The connect page's one script shows the expiry in local time, with the nonce.
+    assert hygiene.scripts == {"connect": 1, "connected": 0}
 
 
 def test_the_watch_catches_csp_violations(gateway: Gateway, page: Page, watch: Watch) -> None:

@@ -19,6 +19,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -138,9 +139,29 @@ class ServedGateway:
         return username
 
 
+# Payments on, so payment elicitations can be made; no test opens Checkout.
+PAYMENTS = {"GATEWAY_STRIPE_SECRET_KEY": "sk_test_" + "x" * 24,
+            "GATEWAY_STRIPE_WEBHOOK_SECRET": "whsec_" + "y" * 32}
+
+
 @pytest.fixture(scope="package")
 def served(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedGateway]:
-    workdir = tmp_path_factory.mktemp("client-gateway")
+    with serving(database_url, tmp_path_factory.mktemp("client-gateway"), PAYMENTS) as gateway:
+        yield gateway
+
+
+@pytest.fixture(scope="package")
+def served_without_payments(database_url: str, tmp_path_factory: pytest.TempPathFactory,
+                            ) -> Iterator[ServedGateway]:
+    """A second gateway on the same database, whose operator set up no Stripe keys."""
+    with serving(database_url, tmp_path_factory.mktemp("client-gateway-no-payments"),
+                 {}) as gateway:
+        yield gateway
+
+
+@contextmanager
+def serving(database_url: str, workdir: Path, extra: dict[str, str]) -> Iterator[ServedGateway]:
+    """``gateway serve`` on a free port with ``extra`` settings; the database emptied after."""
     instance = workdir / "instance"
     instance.mkdir(mode=0o700)
     port = free_port()
@@ -151,11 +172,9 @@ def served(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     settings_environ = {
         **gateway_environ(instance, database_url, origin),
         "GATEWAY_LOGIN_BACKEND": "local",
-        # Payments on, so payment elicitations can be made; no test opens Checkout.
-        "GATEWAY_STRIPE_SECRET_KEY": "sk_test_" + "x" * 24,
-        "GATEWAY_STRIPE_WEBHOOK_SECRET": "whsec_" + "y" * 32,
         "GATEWAY_RATELIMIT_LOGIN": "1000 per minute",
         "GATEWAY_CREDENTIAL_TYPES_FILE": str(catalog),
+        **extra,
     }
     environ = {**process_environ(settings_environ), **client_secret}
     log = workdir / "serve.log"

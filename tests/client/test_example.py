@@ -21,6 +21,7 @@ from mcp_types import CallToolResult, ElicitRequestURLParams, ElicitResult, Text
 
 from gateway.client import GatewayClient, Subject
 from tests.client.conftest import OAUTH_TYPE, ServedGateway, User
+from tests.integration.conftest import free_port
 from tests.oidc.fixtures import OidcProvider
 
 pytestmark = pytest.mark.slow
@@ -75,6 +76,28 @@ def test_the_example_tool_asks_the_signed_in_user_for_their_key(
     assert isinstance(content, TextContent)
     assert content.text.startswith("Tomorrow in Oslo")
     assert content.text.endswith("…8e0c)")
+
+
+def call_example_tool(gateway_url: str, api_token: str, ca_bundle: str, username: str,
+                      tool: str, arguments: dict[str, Any],
+                      mode: str = "2026-07-28") -> CallToolResult:
+    """One tool call of the example server, by the signed-in ``username``, through an MCP client."""
+    config = weather_server.Config(
+        gateway_url, api_token, "whsec_" + "w" * 43, oidc_issuer="https://auth.example.com",
+        oidc_audience="weather", gateway_ca_bundle=ca_bundle)
+    server, _ = weather_server.build_server(config)
+    principal = AccessToken(token="t", client_id="weather", scopes=[], subject=username,
+                            claims={"iss": gateway_url})
+
+    async def never_asked(_context: Any, _params: ElicitRequestURLParams) -> ElicitResult:
+        raise AssertionError("no link should reach the user when the gateway fails")
+
+    async def main() -> CallToolResult:
+        auth_context_var.set(AuthenticatedUser(principal))
+        async with Client(server, mode=mode, elicitation_callback=never_asked) as client:
+            return await client.call_tool(tool, arguments)
+
+    return anyio.run(main)
 
 
 # --- whoami_on_provider: an OAuth connection ------------------------------------------
@@ -202,3 +225,42 @@ def test_the_oauth_settings_are_checked_at_start(environ: dict[str, str], compla
          "WEATHER_OAUTH_USERINFO_URL": "https://forge.example/api/user"})
     assert (config.oauth_type, config.oauth_userinfo_url) == (
         "forge", "https://forge.example/api/user")
+
+
+def error_text(result: CallToolResult) -> str:
+    assert result.is_error
+    return text_of(result)
+
+
+def test_a_gateway_without_payments_says_so_in_the_tool_error(
+    served_without_payments: ServedGateway,
+) -> None:
+    served = served_without_payments
+    registered = served.register()
+    result = call_example_tool(served.origin, registered.api_token, str(served.certfile),
+                               served.user(), "premium_forecast",
+                               {"city": "Oslo", "order_id": "order-1"})
+    # The gateway's own words: the problem's title, then its detail.
+    assert error_text(result).endswith(
+        "Payments are not configured: this gateway takes no payments: its operator has not "
+        "set GATEWAY_STRIPE_SECRET_KEY")
+
+
+def test_a_refused_api_token_says_so_in_the_tool_error(served: ServedGateway,
+                                                        user: User) -> None:
+    result = call_example_tool(served.origin, "gw_" + "x" * 43, str(served.certfile),
+                               user.username, "forecast", {"city": "Oslo"})
+    text = error_text(result)
+    assert text.endswith("Unauthenticated: the API token is not valid: unknown or revoked")
+    assert "gw_xxxx" not in text
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+def test_a_gateway_that_does_not_answer_is_named_in_the_tool_error(
+    served: ServedGateway, user: User, mode: str,
+) -> None:
+    silent = f"https://127.0.0.1:{free_port()}"  # nothing listens there
+    result = call_example_tool(silent, "gw_token", str(served.certfile), user.username,
+                               "forecast", {"city": "Oslo"}, mode=mode)
+    assert error_text(result).endswith(
+        f"The gateway at {silent} did not answer: connection refused.")

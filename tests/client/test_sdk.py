@@ -128,6 +128,8 @@ def test_errors_carry_the_problem_details(gateway: GatewayClient,
         gateway.request_api_key(Subject("https://auth.example.com", "u"), "no-such-type", "x")
     assert invalid.value.status == 422
     assert "credential_type" in (invalid.value.detail or "")
+    # In words for a person: the title, then the detail; no status, no request id.
+    assert invalid.value.describe() == f"{invalid.value.title}: {invalid.value.detail}"
 
     stranger = GatewayClient(served.origin, "gw_" + "x" * 43, verify=str(served.certfile))
     with pytest.raises(AuthenticationFailed) as refused:
@@ -150,9 +152,13 @@ def test_connection_errors_are_retried_then_reported() -> None:
     port = free_port()  # nothing listens there
     client = GatewayClient(f"https://127.0.0.1:{port}", "gw_token", retries=2)
     client._http._sleep = sleeps.append  # type: ignore[attr-defined]
-    with pytest.raises(GatewayUnavailable, match="3 attempt"):
+    with pytest.raises(GatewayUnavailable, match="3 attempt") as silent:
         client.list_elicitations()
     assert len(sleeps) == 2
+    assert (silent.value.url, silent.value.reason) == (f"https://127.0.0.1:{port}",
+                                                       "connection refused")
+    assert silent.value.describe() == (f"The gateway at https://127.0.0.1:{port} did not "
+                                       "answer: connection refused.")
     assert sleeps[1] > sleeps[0] / 3  # backing off, with jitter
 
 

@@ -145,6 +145,17 @@ def test_public_url_keeps_its_port_but_loses_a_trailing_slash(environ: dict[str,
     assert settings.public_host == "portal.example.com"
 
 
+@pytest.mark.parametrize(("url", "address"), [
+    ("https://portal.example.com", "portal.example.com"),
+    ("https://portal.example.com:443", "portal.example.com"),
+    ("https://Portal.example.com:8443", "portal.example.com:8443"),
+    ("https://[::1]:8443", "[::1]:8443"),
+])
+def test_the_address_users_see_has_the_port_unless_it_is_443(
+        environ: dict[str, str], url: str, address: str) -> None:
+    assert load_settings({**environ, "GATEWAY_PUBLIC_URL": url}).public_address == address
+
+
 def test_oidc_backend_requires_its_provider(environ: dict[str, str]) -> None:
     message = error_of({**environ, "GATEWAY_LOGIN_BACKEND": "oidc",
                         "GATEWAY_OIDC_ISSUER": "https://auth.example.com"})

@@ -5,11 +5,14 @@ payments from inside a tool, choosing per request between the 2025-11-25
 form (error -32042 and ``notifications/elicitation/complete``) and the
 2026-07-28 form (``InputRequiredResult`` and ``requestState``).
 :class:`CompletionNotifier` turns the gateway's webhooks into completion
-notifications. :func:`subject_of` names the signed-in user as the gateway needs them.
+notifications. :func:`subject_of` names the signed-in user as the gateway needs them. A gateway that
+refuses a call or does not answer ends the tool call with
+:class:`GatewayCallFailed`, whose text is the gateway's own words.
 """
 
 from gateway.client.mcp.elicit import (
     ElicitationNotCompleted,
+    GatewayCallFailed,
     GatewayElicitations,
     UrlElicitationUnsupported,
     is_multi_round_trip,
@@ -20,6 +23,7 @@ from gateway.client.mcp.subject import NoSubject, subject_of
 __all__ = [
     "CompletionNotifier",
     "ElicitationNotCompleted",
+    "GatewayCallFailed",
     "GatewayElicitations",
     "NoSubject",
     "UrlElicitationUnsupported",

@@ -24,12 +24,18 @@ One call in the tool serves both versions clients speak today:
 :meth:`GatewayElicitations.oauth_token` works the same way for an account
 the user connects at a third-party provider; its ``secret`` is an access
 token.
+
+Whatever goes wrong on the way to the gateway (it refuses the call, or does
+not answer) ends the tool call as a :class:`GatewayCallFailed`: a tool error
+whose text is the gateway's own ``title: detail``, so the user learns what is
+wrong instead of the SDK's bare "Error executing tool".
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Final, TypeVar
@@ -42,7 +48,7 @@ from mcp_types import ElicitRequest, ElicitRequestURLParams, ElicitResult, Input
 from mcp_types.version import is_version_at_least
 
 from gateway.client.api import GatewayClient
-from gateway.client.errors import Conflict, ReconnectRequired
+from gateway.client.errors import Conflict, GatewayClientError, ReconnectRequired
 from gateway.client.mcp.notify import CompletionNotifier
 from gateway.client.models import CredentialKind, Elicitation, RevealedCredential, Subject
 
@@ -54,6 +60,8 @@ _STATE_KEY: Final = "gateway"
 # The metadata entry that ties a payment elicitation to its order.
 _ORDER_KEY: Final = "mcp_order"
 _T = TypeVar("_T")
+
+log = logging.getLogger(__name__)
 
 
 class ElicitationNotCompleted(ToolError):
@@ -74,6 +82,20 @@ class ElicitationNotCompleted(ToolError):
         self.elicitation = elicitation
         words = self._WORDS.get(elicitation.status, f"The request ended as {elicitation.status}")
         super().__init__(f"{words}; call the tool again to ask anew.")
+
+
+class GatewayCallFailed(ToolError):
+    """The gateway refused a call or did not answer; the message says why, in its own words.
+
+    A ``ToolError``, so the MCP client gets ``isError`` with the problem's
+    ``title: detail`` ("Payments are not configured: ...") or "The gateway at
+    <url> did not answer: ...". ``error`` is the SDK's exception, for code that
+    catches this to branch on ``status`` or ``code``.
+    """
+
+    def __init__(self, error: GatewayClientError) -> None:
+        self.error = error
+        super().__init__(error.describe())
 
 
 class UrlElicitationUnsupported(ToolError):
@@ -136,9 +158,9 @@ class GatewayElicitations:
         ``scopes`` and ``account``. A connection the provider will no longer
         refresh (``reconnect-required``) is asked for again. ``scopes``, when
         given, are asked for in a new connection; a stored one is used with
-        whatever it was granted (see ``scopes`` of the result). Raises
-        :class:`~gateway.client.errors.ProviderUnavailable` while the provider
-        does not answer a needed refresh.
+        whatever it was granted (see ``scopes`` of the result). While the
+        provider does not answer a needed refresh, raises :class:`GatewayCallFailed`
+        whose ``error`` is a :class:`~gateway.client.errors.ProviderUnavailable`.
         """
         def ask() -> Elicitation:
             return self.client.request_oauth(subject, credential_type, message, scopes=scopes,
@@ -275,8 +297,16 @@ class GatewayElicitations:
 
 
 async def _in_thread(call: Callable[[], _T]) -> _T:
-    # The client is blocking (requests); a worker thread keeps the event loop free.
-    return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+    """Run a call to the gateway; a refusal or silence becomes the tool's error, in words.
+
+    The client is blocking (requests); a worker thread keeps the event loop free.
+    """
+    try:
+        return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+    except GatewayClientError as error:
+        # The whole story (status, request id) for the operator; the words for the user.
+        log.warning("gateway call failed: %s", error)
+        raise GatewayCallFailed(error) from error
 
 
 def _supports_url_mode(ctx: Context[Any, Any]) -> bool:

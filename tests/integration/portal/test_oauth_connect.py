@@ -395,3 +395,15 @@ def test_an_id_token_that_does_not_check_out_stores_nothing(
     assert "ID token" in page.get_data(as_text=True)
     assert rows(app, Credential) == []
     assert status_of(app, link["id"]) == "opened"
+
+
+def test_the_connect_page_has_the_portals_header_message_block_and_expiry(
+    alices: Browser, connection_for: Callable[..., dict[str, Any]],
+) -> None:
+    link = connection_for("alice", message="Connect <b>now</b>")
+    text = alices.get(f"/e/{link['id']}").get_data(as_text=True)
+    assert '<a href="/account">Your keys</a>' in text
+    assert '<button type="submit" class="link">Log out</button>' in text
+    assert '<h2 id="app-message-heading">Message from mcp-server-1</h2>' in text
+    assert "<blockquote>Connect &lt;b&gt;now&lt;/b&gt;</blockquote>" in text
+    assert f'<time datetime="{link["expires_at"]}" data-local-time>' in text

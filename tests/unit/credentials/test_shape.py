@@ -36,3 +36,13 @@ def test_a_control_character_anywhere_is_refused(generic: CredentialType,
 def test_printable_characters_pass_a_type_without_a_pattern(generic: CredentialType,
                                                             secret: str) -> None:
     check_shape(generic, secret)
+
+
+@pytest.mark.parametrize(("type_id", "opening"), [("openai", "An OpenAI API key has at least"),
+                                                  ("github", "A GitHub token has at least")])
+def test_the_message_names_the_key_with_the_right_article(type_id: str, opening: str) -> None:
+    credential_type = load_catalog(resources.CONFIG / "credential_types.toml").get(type_id)
+    assert credential_type is not None
+    with pytest.raises(InvalidSecret) as refused:
+        check_shape(credential_type, "short")
+    assert refused.value.detail.startswith(opening)
