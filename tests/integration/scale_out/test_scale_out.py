@@ -235,10 +235,12 @@ def test_killing_a_worker_mid_delivery_and_an_instance_loses_nothing(
         assert status_on(a, mcp, elicitation["id"]) == "completed", \
             f"the surviving instance does not read {elicitation['id']} as completed"
 
-    # Every completion is delivered: the held one again, with the same webhook-id,
-    # by the surviving worker once the dead one's lease has run out.
-    receiver.wait_for(4, timeout=LEASE_SECONDS + 15)
-    settled = all_delivered(app, 3)
+    # Every event is delivered: the three completions (the held one again, with
+    # the same webhook-id, by the surviving worker once the dead one's lease has
+    # run out) and the revocations of the first two keys, each superseded by
+    # the next.
+    receiver.wait_for(6, timeout=LEASE_SECONDS + 15)
+    settled = all_delivered(app, 5)
     assert Counter(receiver.ids()) == {event.id: event.attempts for event in settled}, \
         "deliveries per webhook-id differ from the attempts recorded"
     retried = held.headers["webhook-id"]
@@ -247,8 +249,12 @@ def test_killing_a_worker_mid_delivery_and_an_instance_loses_nothing(
     resent = [delivery for delivery in receiver.deliveries
               if delivery.headers["webhook-id"] == retried][-1]
     assert resent.body == held.body
-    completed = {verify_webhook(mcp.webhook_secret, delivery.headers, delivery.body)[
-        "data"]["elicitation_id"] for delivery in receiver.deliveries}
+    payloads = [verify_webhook(mcp.webhook_secret, delivery.headers, delivery.body)
+                for delivery in receiver.deliveries]
+    completed = {payload["data"]["elicitation_id"] for payload in payloads
+                 if payload["type"] == "elicitation.completed"}
     assert completed == {first["id"], second["id"], third["id"]}, \
         "a completion's webhook was lost with the killed worker or instance"
+    assert sorted(payload["data"]["reason"] for payload in payloads
+                  if payload["type"] == "credential.revoked") == ["superseded"] * 2
     assert surviving.process.poll() is None, surviving.output()
