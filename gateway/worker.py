@@ -11,6 +11,7 @@ against one database.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from datetime import timedelta
@@ -46,8 +47,16 @@ def sweep(factory: sessionmaker, clock: Clock) -> int:  # type: ignore[type-arg]
         return expire_overdue(session, clock)
 
 
-def _sweep_forever(factory: sessionmaker, stop: threading.Event) -> None:  # type: ignore[type-arg]
+def _sweep_forever(factory: sessionmaker, stop: threading.Event,  # type: ignore[type-arg]
+                   parent: int | None) -> None:
     while not stop.is_set():
+        if parent is not None and os.getppid() != parent:
+            # The `gateway serve` that started this worker is gone without
+            # stopping it (killed): a worker nobody supervises must not go on.
+            log.warning("the gateway serve (pid %d) that started this worker is gone; "
+                        "stopping", parent)
+            stop.set()
+            return
         try:
             expired = sweep(factory, SystemClock())
             if expired:
@@ -76,7 +85,9 @@ def _dispatcher(settings: Settings) -> Dispatcher:
 @click.command()
 @click.option("--once", is_flag=True,
               help="Sweep once and send what is due now, then exit (for cron or tests).")
-def worker(once: bool) -> None:
+@click.option("--stop-with", "parent", type=int, hidden=True,
+              help="Stop when the process with this id is no longer this one's parent.")
+def worker(once: bool, parent: int | None) -> None:
     """Send webhooks and expire elicitations whose time is up."""
     settings = cli.settings()  # which also starts logging as the settings say
     engine = make_engine(settings.database_url)
@@ -98,8 +109,8 @@ def worker(once: bool) -> None:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    sweeper = threading.Thread(target=_sweep_forever, args=(factory, stop), name="sweeper",
-                               daemon=True)
+    sweeper = threading.Thread(target=_sweep_forever, args=(factory, stop, parent),
+                               name="sweeper", daemon=True)
     sweeper.start()
     log.info("worker started")
     try:

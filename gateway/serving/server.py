@@ -8,6 +8,7 @@ can run side by side.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,7 +98,9 @@ def _start_worker(arbiter: Any) -> None:
     # One `gateway worker` per server, in its own process: webhooks and the
     # sweeper keep running whatever the request workers do, and a worker
     # that dies is started again.
-    supervisor = Supervisor([sys.executable, "-m", "gateway", "worker"])
+    # --stop-with: should this server be killed outright, its worker stops too.
+    supervisor = Supervisor([sys.executable, "-m", "gateway", "worker", "--stop-with",
+                             str(os.getpid())])
     _supervisors.append(supervisor)
     supervisor.start()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -111,3 +112,22 @@ def test_a_killed_worker_is_started_again_and_sends_the_webhook(
     assert f"the worker (pid {killed}) stopped after" in output
     assert "starting another in 1 s" in output
     assert f"started the worker (pid {replacement})" in output
+
+
+def test_the_worker_stops_when_its_server_is_killed_outright(
+    start_server: Callable[..., Server],
+) -> None:
+    server = start_server()
+    orphan = worker_of(server)
+    # SIGKILL: the server cannot stop its worker; the worker must notice by itself.
+    os.kill(server.process.pid, signal.SIGKILL)
+    server.process.wait()
+    deadline = time.monotonic() + 20
+    while Path(f"/proc/{orphan}").exists() and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(orphan, os.WNOHANG)  # reaped here if it was handed to this process
+        time.sleep(0.2)
+    status = Path(f"/proc/{orphan}/status")
+    alive = status.exists() and "State:\tZ" not in status.read_text()
+    assert not alive, f"the worker (pid {orphan}) went on after its server was killed"
+    assert "is gone; stopping" in server.output()
