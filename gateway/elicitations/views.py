@@ -20,6 +20,7 @@ from gateway.audit import service as audit
 from gateway.credentials import service as credentials
 from gateway.credentials import verification
 from gateway.credentials.catalog import CredentialType, current_catalog
+from gateway.credentials.models import Credential
 from gateway.elicitations import lifecycle, service
 from gateway.elicitations.lifecycle import TERMINAL, Status
 from gateway.elicitations.models import Elicitation
@@ -116,19 +117,27 @@ def _submit(elicitation_id: str, subject: Subject, secret: str) -> Page:
         return render(session, elicitation, subject, error=error.detail), error.status
     credential = credentials.seal_for(current_keyring(), elicitation, credential_type, secret,
                                       current_clock().now())
+    return ended(store(elicitation_id, subject, credential))
 
-    def store() -> Elicitation:
+
+def store(elicitation_id: str, subject: Subject, credential: Credential) -> Elicitation:
+    """Store a sealed key or connection and complete the elicitation, in one transaction.
+
+    The subject is checked again: the elicitation may have ended, or been
+    opened in another tab, while the key was checked or the provider
+    answered. Run again when another capture for the same owner won the race.
+    """
+
+    def attempt() -> Elicitation:
         with db.transaction() as session:
-            # Checked again: it may have ended, or been opened in another
-            # tab, while the key was checked.
             current = open_for(session, subject, elicitation_id)
             if current.status in TERMINAL:
                 return current
             return credentials.capture(session, current_clock(), current, credential,
                                        actor=actor_of(subject), source_ip=request.remote_addr)
 
-    return ended(db.retry_on_conflict(store, attempts=credentials.OWNER_RACES,
-                                      conflict=credentials.AnotherLiveKey))
+    return db.retry_on_conflict(attempt, attempts=credentials.OWNER_RACES,
+                                conflict=credentials.AnotherLiveKey)
 
 
 def _asked_type(elicitation: Elicitation) -> CredentialType | None:

@@ -13,13 +13,12 @@ from werkzeug.wrappers import Response
 
 from gateway import db
 from gateway.audit import service as audit
-from gateway.credentials import service as credentials
 from gateway.credentials.catalog import CredentialType, current_catalog
 from gateway.credentials.models import Credential
 from gateway.elicitations import lifecycle
 from gateway.elicitations.lifecycle import TERMINAL, Status
 from gateway.elicitations.models import Elicitation
-from gateway.elicitations.views import Page, ended, open_for, render
+from gateway.elicitations.views import Page, ended, open_for, render, store
 from gateway.errors import GatewayError
 from gateway.identity.sessions import Subject
 from gateway.identity.web import actor_of, browser_binding, current_subject, signed_in
@@ -120,17 +119,7 @@ def _exchange(elicitation: Elicitation, credential_type: CredentialType, code: s
 def _store(elicitation_id: str, subject: Subject, credential_type: CredentialType,
            credential: Credential) -> Page:
     """Store the connection and complete the elicitation, in one transaction."""
-
-    def store() -> Elicitation:
-        with db.transaction() as session:
-            current = open_for(session, subject, elicitation_id)
-            if current.status in TERMINAL:
-                return current
-            return credentials.capture(session, current_clock(), current, credential,
-                                       actor=actor_of(subject), source_ip=request.remote_addr)
-
-    elicitation = db.retry_on_conflict(store, attempts=credentials.OWNER_RACES,
-                                       conflict=credentials.AnotherLiveKey)
+    elicitation = store(elicitation_id, subject, credential)
     if elicitation.status != Status.COMPLETED:
         return ended(elicitation)
     return pages.connected_page(elicitation, credential_type, credential)
