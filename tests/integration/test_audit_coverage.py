@@ -159,6 +159,47 @@ class World:
         back = urlsplit(provider.login(new_session(), start.headers["Location"], username))
         return f"{back.path}?{back.query}"
 
+    def oauth(self) -> tuple[Flask, OidcProvider, Api]:
+        """The gateway again, with an OAuth type at a real provider; the MCP server's API there."""
+        provider: OidcProvider = self.request.getfixturevalue("oidc_provider")
+        tmp_path: Path = self.request.getfixturevalue("tmp_path")
+        monkeypatch: pytest.MonkeyPatch = self.request.getfixturevalue("monkeypatch")
+        monkeypatch.setenv("AUDIT_CONNECT_SECRET", provider.connect_client_secret)
+        catalog = tmp_path / "oauth_types.toml"
+        catalog.write_text(f'''[generic]\nlabel = "API key"\n[example]\nlabel = "Example"\n'''
+                           f'''kind = "oauth"\n[example.oauth]\nissuer = "{provider.issuer}"\n'''
+                           '''client_id = "connect-app"\nscopes = ["openid", "profile"]\n'''
+                           '''client_secret_env = "AUDIT_CONNECT_SECRET"\n''')
+        app = create_app(self._make_settings(
+            GATEWAY_CREDENTIAL_TYPES_FILE=str(catalog),
+            GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS=urlsplit(provider.issuer).netloc),
+            clock=self.clock)
+        self.request.addfinalizer(db.engine_of(app).dispose)
+        return app, provider, Api(self._client(app, SERVER_IP), self.server.api_token)
+
+    def provider_url(self, api: Api, browser: Browser, username: str) -> tuple[str, str]:
+        """A connection asked of ``username``, started in ``browser``; its id and provider URL."""
+        created = api.post("/api/v1/elicitations", {
+            "subject": {"iss": self.settings.public_url, "sub": username}, "kind": "oauth",
+            "credential_type": "example", "message": "Connect your Example account"})
+        assert created.status_code == 201, created.get_data(as_text=True)
+        page = f"/e/{created.get_json()['id']}"
+        sent = browser.post_form(f"{page}/connect", {}, page=page)
+        assert sent.status_code == 303, sent.get_data(as_text=True)
+        return created.get_json()["id"], str(sent.headers["Location"])
+
+    def connected(self) -> tuple[Flask, OidcProvider, Api, str]:
+        """Alice's Example account, connected for the MCP server; the credential's id."""
+        app, provider, api = self.oauth()
+        browser = self.browser(app)
+        assert browser.log_in("alice").status_code == 303
+        _, url = self.provider_url(api, browser, "alice")
+        back = urlsplit(provider.connect_login(url, "alice"))
+        assert browser.get(f"{back.path}?{back.query}").status_code == 200
+        [item] = api.get("/api/v1/credentials?type=example").get_json()["items"]
+        credential_id: str = item["id"]
+        return app, provider, api, credential_id
+
     # --- what was recorded ------------------------------------------------------------------
 
     def records(self, expected: Expected) -> list[AuditEvent]:
@@ -475,6 +516,58 @@ def now(clock: FixedClock) -> tuple[datetime, datetime]:
     """The earlier and the later of the app's clock and the real one."""
     moments = sorted([clock.now(), datetime.now(UTC)])
     return moments[0], moments[1]
+
+
+# --- OAuth connections ------------------------------------------------------------------------
+
+
+@case("connection started at the provider")
+def _connect_started(w: World) -> Expected:
+    app, _, api = w.oauth()
+    browser = w.browser(app)
+    assert browser.log_in("alice").status_code == 303
+    elicitation_id, _ = w.provider_url(api, browser, "alice")
+    return Expected("oauth.authorize", w.user("alice"), elicitation_id, USER_IP)
+
+
+@case("identity mismatch: a forwarded provider URL")
+def _connect_forwarded(w: World) -> Expected:
+    app, provider, api = w.oauth()
+    alices, bobs = w.browser(app), w.browser(app)
+    assert alices.log_in("alice").status_code == 303
+    elicitation_id, url = w.provider_url(api, alices, "alice")
+    back = urlsplit(provider.connect_login(url, "bob"))
+    assert bobs.log_in("bob").status_code == 303
+    assert bobs.get(f"{back.path}?{back.query}").status_code == 403
+    return Expected("identity_mismatch", w.user("bob"), elicitation_id, USER_IP, "denied")
+
+
+@case("provider's answer reaching a browser signed in to nobody")
+def _connect_no_session(w: World) -> Expected:
+    app, provider, api = w.oauth()
+    alices = w.browser(app)
+    assert alices.log_in("alice").status_code == 303
+    _, url = w.provider_url(api, alices, "alice")
+    back = urlsplit(provider.connect_login(url, "alice"))
+    assert w.browser(app).get(f"{back.path}?{back.query}").status_code == 400
+    return Expected("oauth.callback_refused", f"anonymous@{USER_IP}", None, USER_IP, "denied")
+
+
+@case("connection refreshed on a reveal")
+def _connection_refreshed(w: World) -> Expected:
+    _, _, api, credential_id = w.connected()
+    w.clock.advance(seconds=290)  # the provider's tokens live 300 s
+    assert api.post(f"/api/v1/credentials/{credential_id}/reveal").status_code == 200
+    return Expected("credential.refreshed", w.client_actor, credential_id, SERVER_IP)
+
+
+@case("connection revoked when its provider refuses the refresh")
+def _connection_refresh_refused(w: World) -> Expected:
+    _, provider, api, credential_id = w.connected()
+    provider.set_connect(token_fault="invalid_grant")
+    w.clock.advance(seconds=290)
+    assert api.post(f"/api/v1/credentials/{credential_id}/reveal").status_code == 409
+    return Expected("credential.revoked", w.client_actor, credential_id, SERVER_IP)
 
 
 @pytest.mark.parametrize("act", CASES.values(), ids=CASES.keys())
