@@ -26,7 +26,7 @@ from gateway import cli
 from gateway.clock import Clock, SystemClock
 from gateway.db import make_engine
 from gateway.elicitations.service import expire_overdue
-from gateway.oauth import service as oauth
+from gateway.oauth import states as oauth_states
 from gateway.outbound import OutboundPolicy
 from gateway.settings import Settings
 from gateway.vault import versions
@@ -43,7 +43,7 @@ def sweep(factory: sessionmaker, clock: Clock) -> int:  # type: ignore[type-arg]
     It also forgets the OAuth states of expired links.
     """
     with factory() as session, session.begin():
-        oauth.forget_expired_states(session, clock)
+        oauth_states.forget_expired(session, clock)
         return expire_overdue(session, clock)
 
 

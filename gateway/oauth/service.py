@@ -1,40 +1,25 @@
 """The two legs of a connection: sending the browser to the provider, and its return.
 
-The ``state`` handed to the provider carries 256 random bits. Only its keyed
-digest is stored, bound to the elicitation and to the browser session that
-pressed "Connect", expiring with the link and used at most once. The PKCE
-verifier and the OpenID Connect nonce are derived from the state under the
-same key: they are never stored, and nobody without the key and the state
-can compute them.
-
-The return is checked in this order: a state we issued, not used, not
-expired, sent back to the browser it was issued to, whose user is still
-the elicitation's (the check at finish). Only then is the code exchanged,
-and the tokens are stored in the one transaction that completes the
-elicitation (:func:`gateway.credentials.service.capture`).
+Each ``state`` comes from the state store (:mod:`gateway.oauth.states`). The
+return is checked in this order: a state we issued, not used, not expired,
+sent back to the browser it was issued to, whose user is still the
+elicitation's (the check at finish). Only then is the code exchanged, and
+the tokens are stored in the one transaction that completes the elicitation
+(:func:`gateway.credentials.service.capture`).
 """
 
 from __future__ import annotations
 
-import hmac
-import secrets
-from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final
 
-from sqlalchemy import CursorResult, delete, update
 from sqlalchemy.orm import Session
 
 from gateway.audit import service as audit
 from gateway.clock import Clock
 from gateway.elicitations.models import Elicitation
-from gateway.elicitations.service import WrongAccount
-from gateway.errors import GatewayError
-from gateway.oauth.models import OAuthState
+from gateway.oauth import states
 from gateway.oauth.provider import Provider, ProviderUnavailable
 from gateway.settings import Secret
-from gateway.tokens import keyed_digest
-
-STATE_BYTES: Final = 32
 
 # What a provider's error code means for the user (RFC 6749 section 4.1.2.1).
 # Anything else reads as the operator's problem: the provider and the
@@ -48,28 +33,6 @@ MISCONFIGURED: Final = ("it is not set up to connect accounts for this gateway (
                         "must check the credential type)")
 
 
-class CallbackRefused(GatewayError):
-    """A return from the provider that this gateway cannot accept; nothing was stored."""
-
-    status = 400
-    code = "connection-refused"
-    title = "This answer from the provider cannot be used"
-
-
-@dataclass(frozen=True, slots=True)
-class Derived:
-    """What a state stands for, derived under the pepper: never stored."""
-
-    verifier: str
-    nonce: str
-
-
-def derived(pepper: Secret, state: str) -> Derived:
-    """The PKCE verifier (64 characters, RFC 7636's alphabet) and the nonce of ``state``."""
-    return Derived(keyed_digest(pepper, f"pkce:{state}"),
-                   keyed_digest(pepper, f"nonce:{state}")[:32])
-
-
 def begin(session: Session, clock: Clock, pepper: Secret, provider: Provider,
           elicitation: Elicitation, browser: str, *, actor: str,
           source_ip: str | None) -> str:
@@ -77,49 +40,16 @@ def begin(session: Session, clock: Clock, pepper: Secret, provider: Provider,
 
     In the caller's transaction: the state is usable once that commits.
     """
-    state = secrets.token_urlsafe(STATE_BYTES)
-    now = clock.now()
-    session.add(OAuthState(digest=keyed_digest(pepper, state), elicitation_id=elicitation.id,
-                           session_digest=browser, created_at=now,
-                           expires_at=elicitation.expires_at, used_at=None))
+    state = states.issue(session, clock, pepper, elicitation, browser)
     scopes = tuple(elicitation.scopes or ())
     audit.record(session, clock, actor=actor, action="oauth.authorize", target=elicitation.id,
                  source_ip=source_ip,
                  details={"client_id": elicitation.client_id,
                           "type": elicitation.credential_type, "scopes": list(scopes)})
-    secret = derived(pepper, state)
+    secret = states.derived(pepper, state)
     return provider.authorization_url(
         state=state, verifier=secret.verifier, scopes=scopes,
         nonce=secret.nonce if provider.is_openid(scopes) else None)
-
-
-def claim(session: Session, clock: Clock, pepper: Secret, state: str,
-          browser: str | None) -> Elicitation:
-    """Use up ``state`` for this browser; the elicitation it was issued for.
-
-    Raises :class:`CallbackRefused` for a state that is unknown, used or
-    expired, and :class:`WrongAccount` for one issued to another browser
-    (a provider URL forwarded to someone else), without using it up.
-    """
-    row = session.get(OAuthState, keyed_digest(pepper, state)) if state else None
-    if row is None:
-        raise CallbackRefused("This answer from the provider does not belong to a connection "
-                              "started here. Go back to the app and open its link again.")
-    elicitation = session.get(Elicitation, row.elicitation_id)
-    assert elicitation is not None
-    if browser is None or not hmac.compare_digest(row.session_digest, browser):
-        raise WrongAccount(elicitation)
-    now = clock.now()
-    if row.expires_at <= now:
-        raise CallbackRefused("This connection took too long and its link has expired. Go back "
-                              "to the app and start again.")
-    used = session.execute(
-        update(OAuthState).where(OAuthState.digest == row.digest, OAuthState.used_at.is_(None))
-        .values(used_at=now).returning(OAuthState.digest)).first()
-    if used is None:
-        raise CallbackRefused("This answer from the provider was used already. If your account "
-                              "is not connected yet, open the app's link again.")
-    return elicitation
 
 
 def provider_error_text(error: str) -> str:
@@ -141,11 +71,3 @@ def claims_of(provider: Provider, answer: dict[str, Any], scopes: tuple[str, ...
         raise ProviderUnavailable("The provider's userinfo names another user than its ID "
                                   "token.")
     return {**claims, **userinfo}
-
-
-def forget_expired_states(session: Session, clock: Clock) -> int:
-    """Delete the states whose link has expired: no return can use them any more."""
-    # A DELETE's result is a CursorResult, which counts its rows.
-    gone = cast(CursorResult[Any], session.execute(
-        delete(OAuthState).where(OAuthState.expires_at <= clock.now())))
-    return gone.rowcount

@@ -22,9 +22,9 @@ from gateway.elicitations.views import Page, ended, open_for, render, store
 from gateway.errors import GatewayError
 from gateway.identity.sessions import Subject
 from gateway.identity.web import actor_of, browser_binding, current_subject, signed_in
-from gateway.oauth import pages, service, tokens
+from gateway.oauth import pages, service, states, tokens
 from gateway.oauth.provider import GrantRefused, ProviderUnavailable, provider_for
-from gateway.oauth.service import CallbackRefused
+from gateway.oauth.states import CallbackRefused
 from gateway.vault.keyring import current_keyring
 from gateway.web.context import current_clock, current_settings
 
@@ -79,7 +79,7 @@ def callback() -> Page:
                               "signed in here. Open the app's link again in the browser "
                               "where you started.")
     with db.transaction() as session:
-        claimed = service.claim(session, current_clock(), pepper, state,
+        claimed = states.claim(session, current_clock(), pepper, state,
                                 browser_binding(pepper))
         # The check at finish: the user of this browser is still the one the
         # link was made for.
@@ -104,7 +104,7 @@ def _exchange(elicitation: Elicitation, credential_type: CredentialType, code: s
               state: str) -> Credential:
     """Trade the code for tokens, name the account, and seal it all; nothing stored yet."""
     provider = provider_for(credential_type)
-    secret = service.derived(current_settings().token_pepper, state)
+    secret = states.derived(current_settings().token_pepper, state)
     answer = provider.exchange(code, secret.verifier)
     asked = tuple(elicitation.scopes or ())
     claims = service.claims_of(provider, answer, asked, secret.nonce, current_clock())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -143,6 +144,10 @@ def test_behind_a_proxy_the_access_line_names_the_client(
     answer = Caller(server, None).request("GET", "/", {
         "X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.9"})
     assert answer.status == 200
+    # The worker runs in a process of its own, which takes a moment to start.
+    deadline = time.monotonic() + 30
+    while '"worker started"' not in server.output() and time.monotonic() < deadline:
+        time.sleep(0.1)
     lines = records(stopped_output(server), "json")
     [access] = [line for line in lines if line["logger"] == "gunicorn.access"]
     assert access["remote_addr"] == "203.0.113.9"

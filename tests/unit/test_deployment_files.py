@@ -102,7 +102,7 @@ def test_the_web_unit_serves_nginx_plain_http_on_loopback_trusting_one_hop() -> 
 def test_the_worker_unit_runs_the_worker() -> None:
     name, options = gateway_command(unit_settings(WORKER_UNIT))
     assert name == "worker"
-    assert options == {"once": False}
+    assert options == {"once": False, "parent": None}
 
 
 @pytest.mark.parametrize("path", [WEB_UNIT, WORKER_UNIT], ids=lambda path: path.stem)
