@@ -50,6 +50,7 @@ from gateway.client.mcp import (
     CompletionNotifier,
     GatewayCallFailed,
     GatewayElicitations,
+    in_own_words,
     subject_of,
 )
 
@@ -147,6 +148,7 @@ def build_server(config: Config) -> tuple[MCPServer, GatewayElicitations]:
                           validate_token_resource=False))
 
     @server.tool()
+    @in_own_words
     async def forecast(city: str, ctx: Context) -> str | InputRequiredResult:
         """Tomorrow's forecast for a city, from the user's own weather-service account."""
         key = await elicitations.api_key(
@@ -158,6 +160,7 @@ def build_server(config: Config) -> tuple[MCPServer, GatewayElicitations]:
         return f"Tomorrow in {city}: sunny, 21 °C (fetched with your key …{key.secret[-4:]})"
 
     @server.tool()
+    @in_own_words
     async def premium_forecast(city: str, order_id: str, ctx: Context) -> str | InputRequiredResult:
         """A 14-day forecast for 1.99 USD. ``order_id``: a new id for each purchase."""
         paid = await elicitations.payment(
@@ -169,6 +172,7 @@ def build_server(config: Config) -> tuple[MCPServer, GatewayElicitations]:
         return f"14 days in {city}: mostly sunny (order {order_id}, payment {paid.id})"
 
     @server.tool()
+    @in_own_words
     async def whoami_on_provider(ctx: Context) -> str | InputRequiredResult:
         """The account you connected at the OAuth provider; the first use asks you to connect."""
         if config.oauth_type is None or config.oauth_userinfo_url is None:

@@ -7,7 +7,8 @@ form (error -32042 and ``notifications/elicitation/complete``) and the
 :class:`CompletionNotifier` turns the gateway's webhooks into completion
 notifications. :func:`subject_of` names the signed-in user as the gateway needs them. A gateway that
 refuses a call or does not answer ends the tool call with
-:class:`GatewayCallFailed`, whose text is the gateway's own words.
+:class:`GatewayCallFailed`, whose text is the gateway's own words; wrap a
+tool in :func:`in_own_words` and the client reads those words alone.
 """
 
 from gateway.client.mcp.elicit import (
@@ -17,6 +18,7 @@ from gateway.client.mcp.elicit import (
     UrlElicitationUnsupported,
     is_multi_round_trip,
 )
+from gateway.client.mcp.errors import in_own_words
 from gateway.client.mcp.notify import CompletionNotifier
 from gateway.client.mcp.subject import NoSubject, subject_of
 
@@ -27,6 +29,7 @@ __all__ = [
     "GatewayElicitations",
     "NoSubject",
     "UrlElicitationUnsupported",
+    "in_own_words",
     "is_multi_round_trip",
     "subject_of",
 ]
