@@ -189,18 +189,8 @@ class Provider:
         endpoint = self.endpoints().userinfo
         if endpoint is None:
             return {}
-        with self._http() as http:
-            try:
-                answer = http.get(endpoint, timeout=self._timeout(), headers={
-                    "Authorization": f"Bearer {access_token}", "Accept": "application/json"})
-                answer.raise_for_status()
-                claims = answer.json()
-            except (requests.RequestException, BlockedDestination, ValueError) as error:
-                raise self._unavailable("userinfo request", error) from None
-        if not isinstance(claims, dict):
-            raise ProviderUnavailable(f"{self._name()} answered the userinfo request with "
-                                      "something other than a JSON object")
-        return claims
+        return self._get_json(endpoint, "userinfo request",
+                              {"Authorization": f"Bearer {access_token}"})
 
     # --- ID tokens ----------------------------------------------------------------------
 
@@ -233,7 +223,7 @@ class Provider:
         if keys is None or refresh:
             jwks = self.endpoints().jwks
             assert jwks is not None
-            keys = KeySet.import_key_set(self._get_json(jwks))  # type: ignore[arg-type]
+            keys = KeySet.import_key_set(self._get_json(jwks, "key set request"))  # type: ignore[arg-type]
             with self._lock:
                 self._keys = keys
         return keys
@@ -280,18 +270,20 @@ class Provider:
                          endpoint(config.userinfo_url, "userinfo_endpoint"), issuer,
                          endpoint(None, "jwks_uri"))
 
-    def _get_json(self, url: str) -> dict[str, Any]:
+    def _get_json(self, url: str, what: str = "discovery",
+                  headers: dict[str, str] | None = None) -> dict[str, Any]:
+        """A JSON object from the provider; ``what`` names the request in the log."""
         with self._http() as http:
             try:
                 answer = http.get(url, timeout=self._timeout(),
-                                  headers={"Accept": "application/json"})
+                                  headers={"Accept": "application/json", **(headers or {})})
                 answer.raise_for_status()
                 document = answer.json()
             except (requests.RequestException, BlockedDestination, ValueError) as error:
-                raise self._unavailable("discovery", error) from None
+                raise self._unavailable(what, error) from None
         if not isinstance(document, dict):
-            raise ProviderUnavailable(f"{self._name()} answered with something other than a "
-                                      "JSON object")
+            raise ProviderUnavailable(f"{self._name()} answered the {what} with something "
+                                      "other than a JSON object")
         return document
 
     # --- plumbing -----------------------------------------------------------------------
