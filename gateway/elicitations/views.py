@@ -178,11 +178,7 @@ def render(session: Session, elicitation: Elicitation, subject: Subject,
         return render_template("elicitation_api_key.html", asked=f"your {label}",
                                credential_type=credential_type, **context)
     if elicitation.kind == "oauth":
-        credential_type = current_catalog().get(elicitation.credential_type or "")
-        if credential_type is None or credential_type.oauth is None:
-            raise GatewayError("This kind of account can no longer be connected here. Go back "
-                               "to the app.")
-        return connections.connect_page(context, credential_type)
+        return connections.connect_page(context, connections.connection_type(elicitation))
     return payments.checkout_page(session, context)
 
 

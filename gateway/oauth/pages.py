@@ -12,13 +12,25 @@ from urllib.parse import urlsplit
 
 from flask import render_template
 
-from gateway.credentials.catalog import CredentialType
+from gateway.credentials.catalog import CredentialType, current_catalog
 from gateway.credentials.models import Credential
 from gateway.credentials.service import missing_scopes
 from gateway.elicitations.models import Elicitation
+from gateway.errors import GatewayError
 from gateway.oauth.provider import ProviderUnavailable, provider_for
 from gateway.web.context import client_name
 from gateway.web.headers import csp_allow_here
+
+
+def connection_type(elicitation: Elicitation) -> CredentialType:
+    """The OAuth type an elicitation asks to connect; a plain-words error when there is none."""
+    if elicitation.kind != "oauth":
+        raise GatewayError("This request is not for connecting an account. Reload the page.")
+    credential_type = current_catalog().get(elicitation.credential_type or "")
+    if credential_type is None or credential_type.oauth is None:
+        raise GatewayError("This kind of account can no longer be connected here. Go back to "
+                           "the app.")
+    return credential_type
 
 
 def connect_page(context: dict[str, Any], credential_type: CredentialType) -> str:

@@ -13,7 +13,7 @@ from werkzeug.wrappers import Response
 
 from gateway import db
 from gateway.audit import service as audit
-from gateway.credentials.catalog import CredentialType, current_catalog
+from gateway.credentials.catalog import CredentialType
 from gateway.credentials.models import Credential
 from gateway.elicitations import lifecycle
 from gateway.elicitations.lifecycle import TERMINAL, Status
@@ -31,16 +31,6 @@ from gateway.web.context import current_clock, current_settings
 blueprint = Blueprint("oauth", __name__)
 
 
-def _connection_type(elicitation: Elicitation) -> CredentialType:
-    if elicitation.kind != "oauth":
-        raise GatewayError("This request is not for connecting an account. Reload the page.")
-    credential_type = current_catalog().get(elicitation.credential_type or "")
-    if credential_type is None or credential_type.oauth is None:
-        raise GatewayError("This kind of account can no longer be connected here. Go back to "
-                           "the app.")
-    return credential_type
-
-
 @blueprint.post("/e/<id:elicitation_id>/connect")
 @signed_in(back="/e/{elicitation_id}")
 def connect(elicitation_id: str, subject: Subject) -> Page | Response:
@@ -53,7 +43,7 @@ def connect(elicitation_id: str, subject: Subject) -> Page | Response:
         elicitation = open_for(session, subject, elicitation_id)
     if elicitation.status in TERMINAL:
         return ended(elicitation)
-    provider = provider_for(_connection_type(elicitation))
+    provider = provider_for(pages.connection_type(elicitation))
     # Discovered outside the transaction: the provider may take a moment.
     provider.endpoints()
     with db.transaction() as session:
@@ -86,7 +76,7 @@ def callback() -> Page:
         elicitation = open_for(session, subject, claimed.id)
     if elicitation.status in TERMINAL:
         return ended(elicitation)
-    credential_type = _connection_type(elicitation)
+    credential_type = pages.connection_type(elicitation)
     error = request.args.get("error")
     if error is not None:
         return _provider_said_no(elicitation, subject, credential_type, error[:64])
