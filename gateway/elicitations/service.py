@@ -38,6 +38,9 @@ MAX_PAGE: Final = 100
 IDEMPOTENCY_WINDOW: Final = timedelta(hours=24)
 SYSTEM_ACTOR: Final = "system:expiry"
 _ELICITATION_ID: Final = re.compile(ELICITATION_ID)
+# What a type of the other kind is, said to a create that named it with the wrong kind.
+_OTHER_KIND: Final = {"oauth": " (an OAuth connection: ask with kind oauth)",
+                      "api_key": " (an API key: ask with kind api_key)"}
 
 
 class PaymentsNotConfigured(GatewayError):
@@ -149,9 +152,7 @@ def _check_allowed(client: ClientIdentity, request: Create, catalog: Catalog,
     credential_type = catalog.get(type_id)
     if credential_type is None or credential_type.kind != request.kind:
         known = catalog.ids_of(request.kind)
-        other = " (an OAuth connection: ask with kind oauth)" if credential_type and \
-            credential_type.kind == "oauth" else " (an API key: ask with kind api_key)" \
-            if credential_type else ""
+        other = "" if credential_type is None else _OTHER_KIND[credential_type.kind]
         raise InvalidInput(f"unknown {request.kind} credential_type {type_id!r}{other}; this "
                            f"gateway knows {', '.join(known) or 'none'}",
                            field="credential_type")
