@@ -16,8 +16,11 @@ import json
 import os
 import secrets
 import threading
+import tomllib
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 from sqlalchemy import select
@@ -35,7 +38,7 @@ from gateway.elicitations.schemas import create_adapter
 from gateway.files import FileError
 from gateway.identity import service as identity
 from gateway.identity.models import User
-from gateway.instance import config_path, create_instance
+from gateway.instance import config_path, create_instance, set_config_values
 from gateway.outbound import OutboundPolicy
 from gateway.settings import Settings, SettingsError, env_name, load_settings
 from gateway.vault import versions
@@ -43,6 +46,18 @@ from gateway.vault.keyring import KeySource
 
 DEMO_USER = "demo"
 DEMO_CLIENT = "Demo MCP server"
+# The origins the demo may take over: an instance made for this machine only.
+LOCAL_HOSTS = ("localhost", "127.0.0.1")
+
+
+@dataclass(frozen=True, slots=True)
+class Seeded:
+    """What the demo set up: the link (none with OpenID Connect), the user's password
+    and the demo server's webhook secret."""
+
+    link: str | None
+    password: str
+    webhook_secret: str
 
 
 class Receiver(BaseHTTPRequestHandler):
@@ -75,10 +90,9 @@ def _start_receiver(secret: str) -> str:
     return f"127.0.0.1:{server.server_address[1]}"
 
 
-def _prepare_environment(port: int) -> None:
+def _prepare_environment(public_url: str) -> None:
     # The demo's own settings win over the config file: its origin follows
     # --port, and only the receiver in this process may be called over http.
-    public_url = f"https://localhost:{port}"
     os.environ[env_name("public_url")] = public_url
     if not config_path().exists():
         try:
@@ -86,20 +100,70 @@ def _prepare_environment(port: int) -> None:
                 click.echo(f"wrote {path} (mode 0600)")
         except (SettingsError, FileError) as error:
             cli.fail(str(error))
+    configured = _config_file().get("public_url", public_url)
+    if urlsplit(str(configured)).hostname not in LOCAL_HOSTS:
+        cli.fail(f"{config_path()} is set up for {configured}; the demo serves {public_url} "
+                 "and registers a demo server and user: run it on an instance of its own "
+                 f"(set {env_name('instance_path')} to another folder)")
 
 
-def _allow(receiver: str) -> None:
+def _config_file() -> dict[str, Any]:
+    try:
+        return tomllib.loads(config_path().read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        cli.fail(f"cannot read {config_path()}: {error}")
+
+
+def _previous_receiver() -> str | None:
+    """Where the demo server's webhooks went on the last run (``host:port``), if any.
+
+    Migrates the database first: on the first run it is new.
+    """
+    engine = make_engine(_load_settings().database_url)
+    try:
+        migrations.upgrade(engine)
+        with Session(engine) as session:
+            url = session.scalar(select(Client.webhook_url).where(Client.name == DEMO_CLIENT))
+    finally:
+        engine.dispose()
+    return urlsplit(url).netloc if url else None
+
+
+def _load_settings() -> Settings:
+    """The settings as they stand now (``cli.settings()`` keeps the first it read)."""
+    try:
+        return load_settings()
+    except (SettingsError, FileError) as error:
+        cli.fail(str(error))
+
+
+def _keep_in_config(public_url: str, receiver: str, previous: str | None) -> None:
+    """Write the demo's origin and receiver into the instance's config file.
+
+    Every other command run in this folder (``gateway status``, ``gateway
+    clients``) then sees what the demo serves with: its origin, and its
+    receiver among the hosts that may be called over http. The previous
+    run's receiver leaves the list, so it does not grow with every run.
+    """
+    allowed = [host for host in _config_file().get("outbound_allow_insecure_hosts", [])
+               if host not in (previous, receiver)]
+    try:
+        set_config_values({"public_url": public_url,
+                           "outbound_allow_insecure_hosts": (*allowed, receiver)})
+    except (OSError, FileError) as error:
+        cli.fail(f"cannot keep the demo's settings in {config_path()}: {error}")
+
+
+def _allow(receiver: str, previous: str | None) -> None:
     """Let outbound calls reach the receiver over plain http, beside the hosts already allowed.
 
     Those are the environment's list if it has one, else the config file's
     (an OpenID Connect provider or an MCP server on this machine, say). The
     environment wins over the file, so the receiver joins whichever list is
-    in force, or it would drop the file's.
+    in force, or it would drop the file's; the previous run's receiver leaves it.
     """
-    try:
-        allowed = load_settings().outbound_allow_insecure_hosts
-    except (SettingsError, FileError) as error:
-        cli.fail(str(error))
+    allowed = [host for host in _load_settings().outbound_allow_insecure_hosts
+               if host not in (previous, receiver)]
     os.environ[env_name("outbound_allow_insecure_hosts")] = ",".join((*allowed, receiver))
 
 
@@ -113,14 +177,13 @@ def _user(session: Session, password: str) -> None:
                                 public_url=cli.settings().public_url, actor=cli.operator())
 
 
-def _seed(settings: Settings, webhook_url: str) -> tuple[str | None, str, str]:
-    """Client, user and elicitation; the link, the password and the webhook secret.
+def _seed(settings: Settings, webhook_url: str) -> Seeded:
+    """Client, user and elicitation.
 
     With the OpenID Connect login there is no user and no link: the users are
     the provider's, and the demo knows none of them to ask.
     """
     engine = make_engine(settings.database_url)
-    migrations.upgrade(engine)
     password = secrets.token_urlsafe(12)
     link: str | None = None
     keyring = versions.for_command(settings, engine, SystemClock(), role="demo")
@@ -130,7 +193,7 @@ def _seed(settings: Settings, webhook_url: str) -> tuple[str | None, str, str]:
             _user(session, password)
             link = _ask_demo_user(session, settings, clients.identity_of(client))
     engine.dispose()
-    return link, password, webhook_secret
+    return Seeded(link, password, webhook_secret)
 
 
 def _demo_client(session: Session, settings: Settings, keyring: KeySource,
@@ -177,25 +240,28 @@ def demo(port: int) -> None:
     """Set up what is missing and serve the whole flow: a link, a user, a webhook receiver."""
     from gateway.serving.cli import serve
 
-    _prepare_environment(port)
+    public_url = f"https://localhost:{port}"
+    _prepare_environment(public_url)
     # The receiver's address is known only once it listens: the worker that
     # `serve` starts reads it from the environment.
     receiver = _start_receiver("")
-    _allow(receiver)
+    previous = _previous_receiver()
+    _allow(receiver, previous)
     settings = cli.settings()
     webhook_url = f"http://{receiver}/hooks"
-    link, password, secret = _seed(settings, webhook_url)
-    Receiver.secret = secret
+    seeded = _seed(settings, webhook_url)
+    _keep_in_config(public_url, receiver, previous)
+    Receiver.secret = seeded.webhook_secret
     click.echo()
-    if link is None:
+    if seeded.link is None:
         click.secho(f"The gateway demo is ready. Users log in at {settings.oidc_issuer}.",
                     bold=True)
     else:
         click.secho("The gateway demo is ready. Open the link, log in, enter any key:",
                     bold=True)
-        click.echo(f"open:     {link}")
+        click.echo(f"open:     {seeded.link}")
         click.echo(f"user:     {DEMO_USER}")
-        click.echo(f"password: {password}")
+        click.echo(f"password: {seeded.password}")
     click.echo(f"Webhooks to the demo MCP server go to {webhook_url}; each is verified "
                "and printed below. Ctrl-C stops it.")
     click.echo()

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
+import re
 import secrets
+import tomllib
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -72,6 +76,48 @@ def create_instance(public_url: str) -> list[Path]:
     write_private_files(files)
     instance.chmod(0o700)
     return list(files)
+
+
+def set_config_values(values: Mapping[str, str | tuple[str, ...]]) -> Path:
+    """Set these top-level settings in the config file, keeping every other line; its path.
+
+    For a command that keeps settings of its own in the instance (the demo),
+    so that every other command run there reads the same ones. The file is
+    replaced whole, owner-only, and read back before it is: a value that
+    does not come back as written leaves the old file in place.
+    """
+    path = config_path()
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for key, value in values.items():
+        line = f"{key} = {_toml_value(value)}"
+        pattern = re.compile(rf"\s*{re.escape(key)}\s*=")
+        at = next((i for i, text in enumerate(lines) if pattern.match(text)), None)
+        if at is None:
+            lines.append(line)
+        else:
+            lines[at] = line
+    text = "\n".join(lines) + "\n"
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        document = {}
+    if any(document.get(key) != (list(v) if isinstance(v, tuple) else v)
+           for key, v in values.items()):
+        raise FileError(f"cannot set {', '.join(values)} in {path}: a value spans several lines")
+    scratch = path.with_name(f".{path.name}.tmp")
+    scratch.unlink(missing_ok=True)
+    descriptor = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(scratch, path)
+    return path
+
+
+def _toml_value(value: str | tuple[str, ...]) -> str:
+    # A JSON string is a TOML basic string: the same quotes and escapes.
+    if isinstance(value, str):
+        return json.dumps(value)
+    return "[" + ", ".join(json.dumps(item) for item in value) + "]"
 
 
 @click.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -141,9 +142,10 @@ def test_the_instance_configs_development_hosts_stay_allowed_beside_the_receiver
     demo = start_demo()
     wait_for(demo.log, r"Booting worker")
     demo.stop()
+    # The operator adds a host to the list the demo keeps in the config file.
     config = instance_path / "gateway.toml"
-    config.write_text(config.read_text()
-                      + f'outbound_allow_insecure_hosts = ["{elsewhere}"]\n')
+    config.write_text(config.read_text().replace(
+        "outbound_allow_insecure_hosts = [", f'outbound_allow_insecure_hosts = ["{elsewhere}", '))
     # Every command reads the instance's config, so the CLI may register such a server...
     created = run_gateway("clients", "create", "Local MCP", "--webhook-url",
                           f"http://{elsewhere}/hooks")
@@ -154,6 +156,43 @@ def test_the_instance_configs_development_hosts_stay_allowed_beside_the_receiver
     receiver = wait_for(demo.log, r"go to http://(127\.0\.0\.1:\d+)/hooks;")[1]
     assert sorted(relaxed) == sorted([elsewhere, receiver])
     assert "WARNING gateway.serving.cli" not in demo.log.read_text()
+
+
+def test_status_run_beside_the_demo_sees_its_settings(
+    start_demo: Callable[..., Demo], run_gateway: Callable[..., Result],
+    cli_environ: dict[str, str],
+) -> None:
+    environ = {k: v for k, v in cli_environ.items() if k != "GATEWAY_PUBLIC_URL"}
+    first = start_demo()
+    wait_for(first.log, r"Booting worker")
+    first.stop()
+    demo = start_demo()
+    receiver = wait_for(demo.log, r"go to http://(127\.0\.0\.1:\d+)/hooks;")[1]
+    wait_for(demo.log, r"Booting worker")
+
+    status = run_gateway("status", "--json", env=environ)
+    assert status.code == 0, status.stdout + status.stderr
+    report = json.loads(status.stdout)
+    assert report["configuration"] == []  # the demo's receiver may be called over http
+    assert report["oauth"]["redirect_uri"].startswith(f"https://localhost:{demo.port}/")
+    # Only this run's receiver is allowed: the first run's left the list.
+    relaxed = wait_for(demo.log, r"OUTBOUND GUARD RELAXED for (.*) \(")[1]
+    assert relaxed == receiver
+
+
+def test_the_demo_refuses_an_instance_set_up_for_another_origin(
+    start_demo: Callable[..., Demo], run_gateway: Callable[..., Result],
+    cli_environ: dict[str, str], instance_path: Path,
+) -> None:
+    environ = {**cli_environ, "GATEWAY_PUBLIC_URL": "https://gateway.example.com"}
+    assert run_gateway("init", "--public-url", "https://gateway.example.com",
+                       env=environ).code == 0
+    before = (instance_path / "gateway.toml").read_text()
+    demo = start_demo()
+    assert demo.process.wait(timeout=60) == 1
+    assert ("is set up for https://gateway.example.com; the demo serves "
+            f"https://localhost:{demo.port}") in demo.log.read_text()
+    assert (instance_path / "gateway.toml").read_text() == before
 
 
 def test_with_the_openid_connect_login_users_sign_in_at_the_provider(
