@@ -50,7 +50,7 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
@@ -436,13 +436,61 @@ def _cut(connection: HTTPConnection) -> None:
 
 
 DEADLINES: Final = AttemptDeadlines()
-_attempt = threading.local()
+
+
+class _Attempt(threading.local):
+    """This thread's attempt under way: its deadline, and the connections it sent on."""
+
+    deadline: float | None = None
+    watched: list[HTTPConnection] | None = None
+
+
+_attempt = _Attempt()
 
 
 def _watch_attempt(connection: HTTPConnection) -> None:
-    deadline: float | None = getattr(_attempt, "deadline", None)
+    deadline = _attempt.deadline
     if deadline is not None:
         DEADLINES.watch(connection, deadline)
+        if _attempt.watched is not None:
+            _attempt.watched.append(connection)
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """When an attempt must be over, on the monotonic clock."""
+
+    at: float
+
+    def passed(self) -> bool:
+        """Whether the attempt ran out of time (a failure now is the deadline's cut)."""
+        return time.monotonic() >= self.at
+
+
+@contextlib.contextmanager
+def attempt_deadline(seconds: float) -> Iterator[Deadline]:
+    """Every request this thread sends in the block, answers read whole, ends within ``seconds``.
+
+    For a caller whose answer must come before something else runs out (a
+    refresh under its lease): socket timeouts bound each read, this the
+    whole. A request still running at the deadline has its socket shut down
+    (:class:`AttemptDeadlines`) and fails like a broken connection. Sends on
+    a guarded session or pool only; nested blocks keep the earlier deadline.
+    """
+    outer, outer_watched = _attempt.deadline, _attempt.watched
+    deadline = time.monotonic() + seconds
+    if outer is not None:
+        deadline = min(deadline, outer)
+    watched: list[HTTPConnection] = []
+    _attempt.deadline, _attempt.watched = deadline, watched
+    try:
+        yield Deadline(deadline)
+    finally:
+        _attempt.deadline, _attempt.watched = outer, outer_watched
+        # The answers were read in the block: a kept-alive connection must
+        # not be cut later, while it serves another request.
+        for connection in watched:
+            DEADLINES.forget(connection)
 
 
 def guarded_pool_classes(policy: OutboundPolicy) -> dict[str, type[HTTPConnectionPool]]:
@@ -592,6 +640,9 @@ class GuardedPool:
         self.policy.check_scheme(parts.scheme, host, port)
         # The whole attempt, answer included, ends by this deadline (see
         # AttemptDeadlines); the socket timeouts bound each step within it.
+        # The answer is read after this returns, so the watch is ended by
+        # :func:`finish`, not here.
+        outer = _attempt.deadline
         _attempt.deadline = time.monotonic() + timeout
         try:
             return self._manager.urlopen(
@@ -599,7 +650,7 @@ class GuardedPool:
                 timeout=Urllib3Timeout(connect=timeout, read=timeout), preload_content=False,
             )
         finally:
-            _attempt.deadline = None
+            _attempt.deadline = outer
 
     def clear(self) -> None:
         """Close every kept-alive connection."""

@@ -37,8 +37,9 @@ def delete(api: Api, connection: Connection) -> None:
 
 
 def at_provider(app: Flask, connection: Connection) -> str:
-    """What the audit row of the connection's revocation says the provider did."""
-    [revoked] = audit_rows(app, "credential.revoked", connection.id)
+    """What the audit row of the connection's revocation at its provider says it did."""
+    assert len(audit_rows(app, "credential.revoked", connection.id)) == 1
+    [revoked] = audit_rows(app, "credential.provider_revoked", connection.id)
     outcome: str = revoked.details["provider_revocation"]
     return outcome
 
