@@ -62,7 +62,15 @@ from requests.utils import DEFAULT_CA_BUNDLE_PATH, select_proxy
 from urllib3 import BaseHTTPResponse
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    DecodeError,
+    NameResolutionError,
+    NewConnectionError,
+    ProtocolError,
+    ReadTimeoutError,
+    SSLError,
+)
 from urllib3.poolmanager import PoolManager
 from urllib3.util import Timeout as Urllib3Timeout
 from urllib3.util import (
@@ -693,7 +701,19 @@ class _BoundedBody:
         self._left = limit
 
     def read(self, amount: int | None = None, **_: Any) -> bytes:
-        chunk: bytes = self._raw.read(amount, decode_content=True)
+        # requests turns urllib3's errors into its own only when it reads the
+        # raw body itself; reading it here, this does the same, so a broken
+        # or cut-off answer fails as a RequestException for every caller.
+        try:
+            chunk: bytes = self._raw.read(amount, decode_content=True)
+        except ProtocolError as error:
+            raise requests.exceptions.ChunkedEncodingError(error) from error
+        except DecodeError as error:
+            raise requests.exceptions.ContentDecodingError(error) from error
+        except ReadTimeoutError as error:
+            raise requests.exceptions.ConnectionError(error) from error
+        except SSLError as error:
+            raise requests.exceptions.SSLError(error) from error
         self._left -= len(chunk)
         if self._left < 0:
             self._raw.close()
