@@ -359,6 +359,7 @@ class GuardedHTTPConnection(HTTPConnection):
     def connect(self) -> None:
         # No proxy and no tunnel ever: the socket is all there is to connect.
         self.sock = _open_checked(self, self.policy, "http")
+        DEADLINES.opened(self)
 
     def request(self, *args: Any, **kwargs: Any) -> None:
         _watch_attempt(self)
@@ -386,6 +387,7 @@ class GuardedHTTPSConnection(HTTPSConnection):
             sock.close()
             raise
         self.is_verified = True
+        DEADLINES.opened(self)
 
     def request(self, *args: Any, **kwargs: Any) -> None:
         _watch_attempt(self)
@@ -407,16 +409,29 @@ class AttemptDeadlines:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._deadlines: dict[int, tuple[float, HTTPConnection]] = {}
+        # Per watched connection: its deadline, and its socket once it has one.
+        self._deadlines: dict[int, tuple[float, HTTPConnection, socket.socket | None]] = {}
         self._thread: threading.Thread | None = None
 
     def watch(self, connection: HTTPConnection, deadline: float) -> None:
         with self._lock:
-            self._deadlines[id(connection)] = (deadline, connection)
+            self._deadlines[id(connection)] = (deadline, connection, connection.sock)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="send-deadlines",
                                                 daemon=True)
                 self._thread.start()
+
+    def opened(self, connection: HTTPConnection) -> None:
+        """Note the socket a watched connection just opened.
+
+        Kept here because the connection may let go of it: http.client hands
+        the socket to the answer and forgets it when the server closes the
+        connection after this answer, which is exactly when it may trickle.
+        """
+        with self._lock:
+            entry = self._deadlines.get(id(connection))
+            if entry is not None:
+                self._deadlines[id(connection)] = (entry[0], connection, connection.sock)
 
     def forget(self, connection: object) -> None:
         with self._lock:
@@ -427,16 +442,15 @@ class AttemptDeadlines:
             time.sleep(self.TICK_SECONDS)
             now = time.monotonic()
             with self._lock:
-                overdue = [(key, connection) for key, (deadline, connection)
+                overdue = [(key, sock) for key, (deadline, _connection, sock)
                            in self._deadlines.items() if deadline <= now]
-                for key, _connection in overdue:
+                for key, _sock in overdue:
                     del self._deadlines[key]
-            for _key, connection in overdue:
-                _cut(connection)
+            for _key, sock in overdue:
+                _cut(sock)
 
 
-def _cut(connection: HTTPConnection) -> None:
-    sock = connection.sock
+def _cut(sock: socket.socket | None) -> None:
     if sock is None:
         return  # not connected yet: the connect timeout bounds that part
     with contextlib.suppress(OSError):  # already closed

@@ -328,14 +328,18 @@ def _refused(ask: Reveal, credential_id: str, nonce: bytes, holder: str,
     Unless its token set (``nonce``) changed meanwhile: then another refresh
     spent the refresh token first, and the connection lives on with the new one.
     """
-    with db.transaction() as session:
-        current = session.get(Credential, credential_id, populate_existing=True,
-                              with_for_update=True)
-        if current is not None and current.live and current.nonce == nonce:
-            service.revoke(session, ask.clock, current, actor=ask.actor,
-                           source_ip=ask.source_ip, reason=service.Reason.REFRESH_FAILED,
-                           details={"provider_error": refused.error})
-        _release(session, credential_id, holder)
+    try:
+        with db.transaction() as session:
+            current = session.get(Credential, credential_id, populate_existing=True,
+                                  with_for_update=True)
+            if current is not None and current.live and current.nonce == nonce:
+                service.revoke(session, ask.clock, current, actor=ask.actor,
+                               source_ip=ask.source_ip, reason=service.Reason.REFRESH_FAILED,
+                               details={"provider_error": refused.error})
+            _release(session, credential_id, holder)
+    except BaseException:
+        _release_after_failure(credential_id, holder)
+        raise
 
 
 def _client_refused(ask: Reveal, provider: Provider, credential_id: str, holder: str) -> None:
