@@ -50,7 +50,7 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
@@ -62,7 +62,15 @@ from requests.utils import DEFAULT_CA_BUNDLE_PATH, select_proxy
 from urllib3 import BaseHTTPResponse
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    DecodeError,
+    NameResolutionError,
+    NewConnectionError,
+    ProtocolError,
+    ReadTimeoutError,
+    SSLError,
+)
 from urllib3.poolmanager import PoolManager
 from urllib3.util import Timeout as Urllib3Timeout
 from urllib3.util import (
@@ -351,6 +359,7 @@ class GuardedHTTPConnection(HTTPConnection):
     def connect(self) -> None:
         # No proxy and no tunnel ever: the socket is all there is to connect.
         self.sock = _open_checked(self, self.policy, "http")
+        DEADLINES.opened(self)
 
     def request(self, *args: Any, **kwargs: Any) -> None:
         _watch_attempt(self)
@@ -378,6 +387,7 @@ class GuardedHTTPSConnection(HTTPSConnection):
             sock.close()
             raise
         self.is_verified = True
+        DEADLINES.opened(self)
 
     def request(self, *args: Any, **kwargs: Any) -> None:
         _watch_attempt(self)
@@ -399,16 +409,29 @@ class AttemptDeadlines:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._deadlines: dict[int, tuple[float, HTTPConnection]] = {}
+        # Per watched connection: its deadline, and its socket once it has one.
+        self._deadlines: dict[int, tuple[float, HTTPConnection, socket.socket | None]] = {}
         self._thread: threading.Thread | None = None
 
     def watch(self, connection: HTTPConnection, deadline: float) -> None:
         with self._lock:
-            self._deadlines[id(connection)] = (deadline, connection)
+            self._deadlines[id(connection)] = (deadline, connection, connection.sock)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="send-deadlines",
                                                 daemon=True)
                 self._thread.start()
+
+    def opened(self, connection: HTTPConnection) -> None:
+        """Note the socket a watched connection just opened.
+
+        Kept here because the connection may let go of it: http.client hands
+        the socket to the answer and forgets it when the server closes the
+        connection after this answer, which is exactly when it may trickle.
+        """
+        with self._lock:
+            entry = self._deadlines.get(id(connection))
+            if entry is not None:
+                self._deadlines[id(connection)] = (entry[0], connection, connection.sock)
 
     def forget(self, connection: object) -> None:
         with self._lock:
@@ -419,16 +442,15 @@ class AttemptDeadlines:
             time.sleep(self.TICK_SECONDS)
             now = time.monotonic()
             with self._lock:
-                overdue = [(key, connection) for key, (deadline, connection)
+                overdue = [(key, sock) for key, (deadline, _connection, sock)
                            in self._deadlines.items() if deadline <= now]
-                for key, _connection in overdue:
+                for key, _sock in overdue:
                     del self._deadlines[key]
-            for _key, connection in overdue:
-                _cut(connection)
+            for _key, sock in overdue:
+                _cut(sock)
 
 
-def _cut(connection: HTTPConnection) -> None:
-    sock = connection.sock
+def _cut(sock: socket.socket | None) -> None:
     if sock is None:
         return  # not connected yet: the connect timeout bounds that part
     with contextlib.suppress(OSError):  # already closed
@@ -436,13 +458,61 @@ def _cut(connection: HTTPConnection) -> None:
 
 
 DEADLINES: Final = AttemptDeadlines()
-_attempt = threading.local()
+
+
+class _Attempt(threading.local):
+    """This thread's attempt under way: its deadline, and the connections it sent on."""
+
+    deadline: float | None = None
+    watched: list[HTTPConnection] | None = None
+
+
+_attempt = _Attempt()
 
 
 def _watch_attempt(connection: HTTPConnection) -> None:
-    deadline: float | None = getattr(_attempt, "deadline", None)
+    deadline = _attempt.deadline
     if deadline is not None:
         DEADLINES.watch(connection, deadline)
+        if _attempt.watched is not None:
+            _attempt.watched.append(connection)
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """When an attempt must be over, on the monotonic clock."""
+
+    at: float
+
+    def passed(self) -> bool:
+        """Whether the attempt ran out of time (a failure now is the deadline's cut)."""
+        return time.monotonic() >= self.at
+
+
+@contextlib.contextmanager
+def attempt_deadline(seconds: float) -> Iterator[Deadline]:
+    """Every request this thread sends in the block, answers read whole, ends within ``seconds``.
+
+    For a caller whose answer must come before something else runs out (a
+    refresh under its lease): socket timeouts bound each read, this the
+    whole. A request still running at the deadline has its socket shut down
+    (:class:`AttemptDeadlines`) and fails like a broken connection. Sends on
+    a guarded session or pool only; nested blocks keep the earlier deadline.
+    """
+    outer, outer_watched = _attempt.deadline, _attempt.watched
+    deadline = time.monotonic() + seconds
+    if outer is not None:
+        deadline = min(deadline, outer)
+    watched: list[HTTPConnection] = []
+    _attempt.deadline, _attempt.watched = deadline, watched
+    try:
+        yield Deadline(deadline)
+    finally:
+        _attempt.deadline, _attempt.watched = outer, outer_watched
+        # The answers were read in the block: a kept-alive connection must
+        # not be cut later, while it serves another request.
+        for connection in watched:
+            DEADLINES.forget(connection)
 
 
 def guarded_pool_classes(policy: OutboundPolicy) -> dict[str, type[HTTPConnectionPool]]:
@@ -592,6 +662,9 @@ class GuardedPool:
         self.policy.check_scheme(parts.scheme, host, port)
         # The whole attempt, answer included, ends by this deadline (see
         # AttemptDeadlines); the socket timeouts bound each step within it.
+        # The answer is read after this returns, so the watch is ended by
+        # :func:`finish`, not here.
+        outer = _attempt.deadline
         _attempt.deadline = time.monotonic() + timeout
         try:
             return self._manager.urlopen(
@@ -599,7 +672,7 @@ class GuardedPool:
                 timeout=Urllib3Timeout(connect=timeout, read=timeout), preload_content=False,
             )
         finally:
-            _attempt.deadline = None
+            _attempt.deadline = outer
 
     def clear(self) -> None:
         """Close every kept-alive connection."""
@@ -642,7 +715,19 @@ class _BoundedBody:
         self._left = limit
 
     def read(self, amount: int | None = None, **_: Any) -> bytes:
-        chunk: bytes = self._raw.read(amount, decode_content=True)
+        # requests turns urllib3's errors into its own only when it reads the
+        # raw body itself; reading it here, this does the same, so a broken
+        # or cut-off answer fails as a RequestException for every caller.
+        try:
+            chunk: bytes = self._raw.read(amount, decode_content=True)
+        except ProtocolError as error:
+            raise requests.exceptions.ChunkedEncodingError(error) from error
+        except DecodeError as error:
+            raise requests.exceptions.ContentDecodingError(error) from error
+        except ReadTimeoutError as error:
+            raise requests.exceptions.ConnectionError(error) from error
+        except SSLError as error:
+            raise requests.exceptions.SSLError(error) from error
         self._left -= len(chunk)
         if self._left < 0:
             self._raw.close()

@@ -11,6 +11,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from gateway import cli, migrations, preflight
+from gateway.audit.models import AuditEvent
 from gateway.clients.models import Client, WebhookSecret
 from gateway.clients.service import current_webhook_secrets, webhook_secret_binding
 from gateway.clock import SystemClock
@@ -21,6 +22,7 @@ from gateway.db import for_reads, make_engine
 from gateway.elicitations.lifecycle import Status
 from gateway.elicitations.models import Elicitation
 from gateway.oauth.provider import CALLBACK_PATH
+from gateway.oauth.refresh import CLIENT_REFUSED
 from gateway.outbound import OutboundPolicy
 from gateway.pagination import timestamp
 from gateway.settings import Settings, SettingsError
@@ -176,7 +178,13 @@ def _figures(engine: Any, lease: timedelta) -> dict[str, Any]:
             for version, count in connection.execute(
                     select(model.key_version, func.count()).group_by(model.key_version)):
                 in_use[f"v{version}"] = in_use.get(f"v{version}", 0) + count
+        # When each OAuth type's provider last refused the gateway's own client
+        # (invalid_client): the operator's to fix, the users' connections kept.
+        refused = connection.execute(
+            select(AuditEvent.target, func.max(AuditEvent.occurred_at))
+            .where(AuditEvent.action == CLIENT_REFUSED).group_by(AuditEvent.target)).all()
     return {
+        "oauth_client_refused": {type_id: timestamp(at) for type_id, at in refused},
         "elicitations": states,
         "webhooks": {"backlog": outbox.get("pending", 0) + outbox.get("delivering", 0),
                      "oldest_due": timestamp(oldest), "dead": outbox.get("dead", 0),
@@ -257,6 +265,9 @@ def _print_figures(report: dict[str, Any]) -> None:
                   f"{hooks['failing_unsigned']} event(s) failing", "red")
         counts = ", ".join(f"{s} {n}" for s, n in report["elicitations"].items())
         _line("elicitations", counts)
+    for type_id, at in sorted(report.get("oauth_client_refused", {}).items()):
+        _line("oauth client", f"{type_id}: its provider last refused the gateway's client "
+              f"(invalid_client) at {at}; check the type's client_id and secret", "yellow")
     oauth = report["oauth"]
     if "error" in oauth:
         _line("oauth", oauth["error"], "red")

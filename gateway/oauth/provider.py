@@ -1,27 +1,32 @@
 """Talking to a third-party authorization server: the only module that does.
 
 Authlib's ``OAuth2Session`` makes the token and revocation requests (client
-authentication as the catalog says, PKCE), on a session routed through the
-SSRF guard whose answers may not exceed :data:`MAX_ANSWER`. What comes back
-is turned into one of three outcomes: a token response, :class:`GrantRefused`
-(the provider said no: the user must connect again), or
-:class:`ProviderUnavailable` (down, slow, or answering nonsense: try later).
-Nothing here logs a token, a code or a response body.
+authentication as the catalog says), on a session routed through the SSRF
+guard whose answers may not exceed :data:`MAX_ANSWER`. The token endpoint's
+answer is read here, not by Authlib: its status and ``error`` decide, the
+same whatever Authlib version parses (RFC 6749 section 5.2). What comes back
+is one of three outcomes: a token response that :func:`token_answer` checked
+field by field, :class:`GrantRefused` (``invalid_grant``: the grant is gone,
+the user must connect again), or :class:`ProviderUnavailable` (down, slow,
+throttling, refusing the gateway's own client, or answering nonsense: try
+later, nothing changes). Nothing here logs a token, a code or a response body.
 """
 
 from __future__ import annotations
 
+import email.utils
 import logging
+import math
+import re
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 from urllib.parse import urlencode
 
 import requests
-from authlib.integrations.base_client.errors import OAuthError
 from authlib.integrations.requests_client import OAuth2Session
 from authlib.oauth2.rfc7636 import create_s256_code_challenge
 from flask import current_app
@@ -50,6 +55,15 @@ EXTENSION: Final = "gateway.oauth.providers"
 CALLBACK_PATH: Final = "/oauth/callback"
 # How a revocation's outcome begins when the provider gave no answer.
 NO_ANSWER: Final = "the provider did not answer"
+# A token lifetime beyond this is a provider's mistake or a trap (a datetime
+# overflow): it is cut to this, which still never needs a refresh.
+MAX_EXPIRES_IN: Final = 10 * 365 * 24 * 3600
+# A throttling provider's Retry-After is passed on, up to this: a caller told
+# to wait a day would give up on the connection instead.
+MAX_RETRY_AFTER: Final = 300
+# RFC 6749 appendix A: tokens are VSCHARs, error codes NQSCHARs.
+_VSCHARS: Final = re.compile(r"[\x20-\x7e]+")
+_ERROR_CODE: Final = re.compile(r"[\x20\x21\x23-\x5b\x5d-\x7e]{1,64}")
 
 
 class ProviderUnavailable(GatewayError):
@@ -60,12 +74,29 @@ class ProviderUnavailable(GatewayError):
     title = "The account's provider did not answer"
     retry_after = 30
 
+    def __init__(self, detail: str | None = None, *, retry_after: int | None = None) -> None:
+        super().__init__(detail)
+        if retry_after is not None:
+            self.retry_after = retry_after
+
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after)}
 
 
+class ClientRefused(ProviderUnavailable):
+    """The provider refused the gateway's own client (``invalid_client``): the operator's to fix.
+
+    Every user's connection would fail the same way, so none is ended: a
+    rotated client secret, once set, brings them all back.
+    """
+
+
+class UnusableAnswer(ValueError):
+    """A token answer with a field that is missing, of the wrong type, or not allowed."""
+
+
 class GrantRefused(GatewayError):
-    """The provider refused the grant (``invalid_grant`` and kin): the user must connect again."""
+    """The provider refused the grant (``invalid_grant``): the user must connect again."""
 
     status = 409
     code = "reconnect-required"
@@ -138,24 +169,49 @@ class Provider:
         return self._token_request(grant_type="refresh_token", refresh_token=refresh_token)
 
     def _token_request(self, **parameters: str) -> dict[str, Any]:
+        endpoint = self.endpoints().token
         with self._client() as client:
             try:
-                answer: dict[str, Any] = dict(client.fetch_token(
-                    self.endpoints().token, timeout=self._timeout(), **parameters))
-            except OAuthError as error:
-                raise GrantRefused(self._refusal(error), str(error.error)) from None
-            except (requests.RequestException, BlockedDestination, ValueError) as error:
+                answer = client.post(
+                    endpoint, data=parameters, timeout=self._timeout(),
+                    auth=client.client_auth(self.config.token_auth_method),
+                    headers={"Accept": "application/json"})
+                status, retry_after = answer.status_code, answer.headers.get("Retry-After")
+                document = _json_object(answer)
+            except (requests.RequestException, BlockedDestination) as error:
                 raise self._unavailable("token request", error) from None
-        if not isinstance(answer.get("access_token"), str) or not answer["access_token"]:
-            log.warning("%s: the token response holds no access_token", self.type_id)
-            raise ProviderUnavailable(f"{self._name()} answered without an access token")
-        return answer
+        if status != 200:
+            raise self._token_error(status, document, retry_after)
+        try:
+            return token_answer(document)
+        except UnusableAnswer as error:
+            log.warning("%s: unusable token answer: %s", self.type_id, error)
+            raise ProviderUnavailable(f"{self._name()} sent a token answer the gateway cannot "
+                                      f"use: {error}") from None
 
-    def _refusal(self, error: OAuthError) -> str:
+    def _token_error(self, status: int, document: dict[str, Any] | None,
+                     retry_after: str | None) -> GatewayError:
+        """What a token endpoint's error answer means: only ``invalid_grant`` ends a grant."""
         # Error codes are defined by RFC 6749 and safe to show; descriptions
         # are the provider's free text and stay out of our pages and logs.
-        log.info("%s refused a token request: %s", self.type_id, error.error)
-        return f"{self._name()} refused: {error.error}"
+        error = document.get("error") if document is not None else None
+        code = error if isinstance(error, str) and _ERROR_CODE.fullmatch(error) else None
+        if code == "invalid_grant" and 400 <= status < 500 and status != 429:
+            log.info("%s refused a token request: invalid_grant", self.type_id)
+            return GrantRefused(f"{self._name()} refused: invalid_grant", code)
+        if code == "invalid_client":
+            # Not the user's doing: the client id or secret the catalog names
+            # is wrong, or was rotated at the provider and not here.
+            log.error("%s: the provider refused the gateway's client (invalid_client, HTTP "
+                      "%d): check the client_id and client secret of this credential type",
+                      self.type_id, status)
+            return ClientRefused(f"{self._name()} does not accept the gateway's client "
+                                 "(invalid_client); the gateway's operator must correct the "
+                                 "credential type's client id or secret")
+        reason = f"HTTP {status}" + (f" {code}" if code else "")
+        log.warning("%s: token request failed: %s", self.type_id, reason)
+        return ProviderUnavailable(f"{self._name()} answered {reason}; try again in a moment",
+                                   retry_after=retry_after_seconds(retry_after))
 
     # --- revocation (RFC 7009) and userinfo ----------------------------------------------
 
@@ -329,15 +385,101 @@ class Provider:
 
 
 def token_expiry(answer: Mapping[str, Any], now: datetime) -> datetime | None:
-    """When the access token of a token response expires; None when the provider does not say."""
+    """When the access token of a checked token answer expires; None if the provider did not say."""
     expires_in = answer.get("expires_in")
-    if isinstance(expires_in, bool) or not isinstance(expires_in, int | float | str):
+    return None if expires_in is None else now + timedelta(seconds=expires_in)
+
+
+def token_answer(document: object) -> dict[str, Any]:
+    """A token answer (RFC 6749 section 5.1), every field checked; :class:`UnusableAnswer` if not.
+
+    The one check of what a provider sends, for the code exchange and the
+    refresh alike, before anything is sealed or stored. Only the fields the
+    gateway uses are kept, each in one shape: ``access_token`` (required),
+    ``token_type`` (required, ``Bearer`` in any case: RFC 6749 section 7.1
+    forbids using a token of a type the client does not understand),
+    ``expires_in`` (whole seconds, cut to 0 to :data:`MAX_EXPIRES_IN`),
+    ``refresh_token``, ``scope`` (a space-separated string) and ``id_token``.
+    The messages name the field, never its value.
+    """
+    if not isinstance(document, dict):
+        raise UnusableAnswer("it is not a JSON object")
+    if "error" in document:
+        raise UnusableAnswer("it carries an error with a success status")
+    answer: dict[str, Any] = {"access_token": _token(document, "access_token")}
+    if answer["access_token"] is None:
+        raise UnusableAnswer("it has no access_token")
+    token_type = document.get("token_type")
+    if not isinstance(token_type, str) or token_type.lower() != "bearer":
+        raise UnusableAnswer("its token_type is not Bearer, the only type the gateway supports"
+                             if token_type is not None else "it has no token_type")
+    answer["token_type"] = "Bearer"  # noqa: S105 (a token type's name, not a secret)
+    answer["expires_in"] = _expires_in(document.get("expires_in"))
+    answer["refresh_token"] = _token(document, "refresh_token")
+    answer["scope"] = _scope(document.get("scope"))
+    id_token = document.get("id_token")
+    if id_token is not None and not (isinstance(id_token, str) and _VSCHARS.fullmatch(id_token)):
+        raise UnusableAnswer("its id_token is not a string of printable characters")
+    answer["id_token"] = id_token
+    return {name: value for name, value in answer.items() if value is not None}
+
+
+def _token(document: Mapping[str, Any], name: str) -> str | None:
+    value = document.get(name)
+    if value is None or value == "":
         return None
+    if not isinstance(value, str) or not _VSCHARS.fullmatch(value):
+        raise UnusableAnswer(f"its {name} is not a string of printable characters")
+    return value
+
+
+def _expires_in(value: object) -> int | None:
+    if value is None:
+        return None
+    # A number, as RFC 6749 says; a string of digits, as some providers send.
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int | float) or \
+            (isinstance(value, float) and math.isnan(value)):
+        raise UnusableAnswer("its expires_in is not a number of seconds")
+    return int(min(max(value, 0), MAX_EXPIRES_IN))
+
+
+def _scope(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        value = " ".join(value)  # a few providers send a list
+    if not isinstance(value, str) or (value and not _VSCHARS.fullmatch(value)):
+        raise UnusableAnswer("its scope is not a string of scope names")
+    return " ".join(value.split())
+
+
+def _json_object(answer: requests.Response) -> dict[str, Any] | None:
+    """The answer's body as a JSON object; None when it is anything else."""
     try:
-        seconds = float(expires_in)
+        document = answer.json()
     except ValueError:
         return None
-    return now + timedelta(seconds=max(0.0, seconds)) if seconds == seconds else None
+    return document if isinstance(document, dict) else None
+
+
+def retry_after_seconds(value: str | None, now: datetime | None = None) -> int | None:
+    """A ``Retry-After`` header (seconds or an HTTP date) as 1 to :data:`MAX_RETRY_AFTER` s."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        seconds = float(value)
+    else:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    return int(min(max(seconds, 1), MAX_RETRY_AFTER))
 
 
 def providers() -> dict[str, Provider]:

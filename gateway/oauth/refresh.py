@@ -11,22 +11,32 @@ PostgreSQL.
 1. A reveal that finds the access token due takes the lease with one
    conditional UPDATE: only while the credential is live, the lease is free
    or ran out, and the token set is still the one it read. It commits at once.
+   Lease times are the database's (:class:`~gateway.db_clock.database_now`):
+   instances whose clocks disagree still agree on when a lease runs out.
 2. The lease holder calls the provider outside any transaction: on SQLite a
    transaction would hold the file's one write lock for the whole call, on
-   PostgreSQL a connection and a snapshot.
-3. In one transaction the holder stores the new token set (only if the
-   credential is still live and holds the token set it refreshed), frees the
-   lease if it still holds it, and audits the refresh and its own reveal.
+   PostgreSQL a connection and a snapshot. The call has a deadline shorter
+   than the lease (:func:`gateway.outbound.attempt_deadline`): a provider
+   trickling its answer is cut off before another reveal may take the lease
+   over and send the same refresh token again, which providers that detect
+   reuse answer by ending the grant.
+3. The answer is checked (:func:`gateway.oauth.provider.token_answer`) and
+   sealed; then in one transaction the holder stores the new token set (only
+   if the credential is still live and holds the token set it refreshed),
+   frees the lease if it still holds it, and audits the refresh and its own
+   reveal. Whatever fails on the way frees the lease.
 4. Every other reveal waits, reading the row again in short read
    transactions, until the token set changes (it reveals the new one), the
    credential is revoked (it says so), the lease is freed with the token set
    unchanged (the provider failed the holder: 503), or the lease runs out
    (its holder died: it takes the lease itself).
 
-A refused refresh revokes the connection (reason ``refresh-failed``, which
-sends ``credential.revoked``) and answers ``reconnect-required``; a provider
-that is down, slow or answering nonsense leaves the connection as it was and
-answers 503 with Retry-After.
+Only ``invalid_grant`` revokes the connection (reason ``refresh-failed``,
+which sends ``credential.revoked``) and answers ``reconnect-required``. Any
+other answer (another error, 429, 5xx, no answer in time, an unusable token
+answer) leaves the connection as it was and answers 503 with Retry-After;
+``invalid_client`` is also logged as an error and audited
+(``oauth.client_refused``), which ``gateway status`` shows.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import or_, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -47,12 +57,20 @@ from gateway.clock import Clock
 from gateway.credentials import service
 from gateway.credentials.catalog import OAuthProvider
 from gateway.credentials.models import Credential
+from gateway.db_clock import database_now
 from gateway.oauth import revocation
-from gateway.oauth.provider import GrantRefused, Provider, ProviderUnavailable, token_expiry
+from gateway.oauth.provider import (
+    ClientRefused,
+    GrantRefused,
+    Provider,
+    ProviderUnavailable,
+    token_expiry,
+)
 from gateway.oauth.tokens import TokenSet, granted_scopes, reveal_token_set, sealed, token_set_of
+from gateway.outbound import attempt_deadline
 from gateway.pagination import timestamp
 from gateway.tokens import new_id
-from gateway.vault.envelope import VaultError
+from gateway.vault.envelope import Envelope, VaultError
 from gateway.vault.keyring import KeySource
 
 log = logging.getLogger(__name__)
@@ -60,9 +78,11 @@ log = logging.getLogger(__name__)
 # How often a waiting reveal reads the row again: a refresh takes some
 # hundreds of milliseconds, and each look is one short read by primary key.
 POLL_SECONDS: Final = 0.08
-# The lease outlasts the provider's timeouts by this much: storing the
+# The lease outlasts the provider call's deadline by this much: storing the
 # result takes a transaction, which may wait its turn for the write lock.
 LEASE_SLACK_SECONDS: Final = 5.0
+# The audit action of a refresh whose provider refused the gateway's client.
+CLIENT_REFUSED: Final = "oauth.client_refused"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +131,20 @@ def due(credential: Credential, now: datetime, margin: timedelta) -> bool:
     return now >= expires_at - max(timedelta(0), min(margin, lifetime / 2))
 
 
-def lease_for(config: OAuthProvider) -> timedelta:
-    """How long a refresh may hold the lease before another reveal may take it over."""
+def deadline_for(config: OAuthProvider) -> float:
+    """Seconds a refresh's provider call may take, answers read whole, before it is cut off."""
     # Discovery (once an hour) and the token request: two requests, each
     # allowed the connect and the read timeout.
-    return timedelta(seconds=4 * config.timeout_seconds + LEASE_SLACK_SECONDS)
+    return 4 * config.timeout_seconds
+
+
+def lease_for(config: OAuthProvider) -> timedelta:
+    """How long a refresh may hold the lease before another reveal may take it over.
+
+    Longer than the provider call's deadline, so that a holder is always
+    done with the provider before its lease can run out.
+    """
+    return timedelta(seconds=deadline_for(config) + LEASE_SLACK_SECONDS)
 
 
 def reveal_if_fresh(session: Session, ask: Reveal, credential: Credential, *,
@@ -147,11 +176,10 @@ def refresh_then_reveal(ask: Reveal, provider: Provider | None, seen: Credential
     give_up_at = time.monotonic() + lease.total_seconds() + 2 * POLL_SECONDS
     waited_on: str | None = None
     while True:
-        credential = _read(ask)
+        credential, now = _read(ask)
         service.require_live(credential)
         if credential.nonce != due_nonce:  # refreshed meanwhile
             return _reveal_now(ask)
-        now = ask.clock.now()
         if credential.refresh_lease_until is not None and credential.refresh_lease_until > now:
             waited_on = credential.refresh_lease_holder
             if time.monotonic() > give_up_at:
@@ -165,35 +193,40 @@ def refresh_then_reveal(ask: Reveal, provider: Provider | None, seen: Credential
             raise ProviderUnavailable(f"The provider ({provider.config.host}) did not refresh "
                                       "the token; try again in a moment")
         holder = new_id("rl_", 15)
-        if _take_lease(credential, now, now + lease, holder):
+        if _take_lease(credential, lease, holder):
             revealed = _refresh(ask, provider, credential, holder)
             if revealed is not None:
                 return revealed
 
 
-def _read(ask: Reveal) -> Credential:
-    """The row as it is now, in a read transaction of its own."""
+def _read(ask: Reveal) -> tuple[Credential, datetime]:
+    """The row as it is now, and the database's time, in a read transaction of its own."""
     session = db.session()
     try:
-        return service.get_for_client(session, ask.client_id, ask.credential_id, fresh=True)
+        credential = service.get_for_client(session, ask.client_id, ask.credential_id,
+                                            fresh=True)
+        now = session.scalar(select(database_now()))
+        assert now is not None
+        return credential, now
     finally:
         # Ended at once: a SQLite read keeps showing the snapshot it began
         # with, and no transaction stays open while this request waits.
         session.commit()
 
 
-def _take_lease(seen: Credential, now: datetime, until: datetime, holder: str) -> bool:
+def _take_lease(seen: Credential, lease: timedelta, holder: str) -> bool:
     """Take the refresh lease of the token set ``seen``; whether this request got it."""
     with db.transaction() as session:
         taken = session.execute(
             update(Credential)
             .where(Credential.id == seen.id, Credential.revoked_at.is_(None),
                    or_(Credential.refresh_lease_until.is_(None),
-                       Credential.refresh_lease_until <= now),
+                       Credential.refresh_lease_until <= database_now()),
                    # The token set read: every sealing draws a new nonce, where
                    # an expiry can repeat (a provider's fixed one, a test's clock).
                    Credential.nonce == seen.nonce)
-            .values(refresh_lease_until=until, refresh_lease_holder=holder)
+            .values(refresh_lease_until=database_now(lease.total_seconds()),
+                    refresh_lease_holder=holder)
             .returning(Credential.id)
             .execution_options(synchronize_session=False)).first()
     return taken is not None
@@ -207,24 +240,47 @@ def _refresh(ask: Reveal, provider: Provider, seen: Credential, holder: str) -> 
         if tokens.refresh_token is None:  # nothing to refresh with: hand out what there is
             _release_after_failure(seen.id, holder)
             return _reveal_now(ask)
-        answer = provider.refresh(tokens.refresh_token)
+        answer = _ask_provider(provider, tokens.refresh_token)
+        new = token_set_of(answer, tokens)
+        envelope = sealed(ask.keyring, seen, new)
     except GrantRefused as refused:
         _refused(ask, seen.id, nonce, holder, refused)
         return None
+    except ClientRefused:
+        _client_refused(ask, provider, seen.id, holder)
+        raise
     except BaseException:
         _release_after_failure(seen.id, holder)
         raise
-    return _store(ask, provider, seen, nonce, tokens, answer, holder)
+    try:
+        return _store(ask, provider, seen, nonce, tokens, answer, new, envelope, holder)
+    except BaseException:
+        # The store's transaction rolled back, freeing nothing: free the lease apart.
+        _release_after_failure(seen.id, holder)
+        raise
+
+
+def _ask_provider(provider: Provider, refresh_token: str) -> dict[str, Any]:
+    """The provider's checked token answer, or an error; over by the deadline whatever happens."""
+    seconds = deadline_for(provider.config)
+    with attempt_deadline(seconds) as deadline:
+        try:
+            return provider.refresh(refresh_token)
+        except ProviderUnavailable:
+            if not deadline.passed():
+                raise
+    log.warning("%s: the refresh was cut off after %.0f s", provider.type_id, seconds)
+    raise ProviderUnavailable(f"The provider ({provider.config.host}) did not answer within "
+                              f"{seconds:.0f} s; try again in a moment")
 
 
 def _store(ask: Reveal, provider: Provider, seen: Credential, nonce: bytes, tokens: TokenSet,
-           answer: dict[str, Any], holder: str) -> Revealed | None:
+           answer: dict[str, Any], new: TokenSet, envelope: Envelope,
+           holder: str) -> Revealed | None:
     """Store the new token set, free the lease and audit, in one transaction."""
     now = ask.clock.now()
-    new = token_set_of(answer, tokens)
     expires_at = token_expiry(answer, now)
     scopes = granted_scopes(answer, tuple(seen.scopes or ()))
-    envelope = sealed(ask.keyring, seen, new)
     with db.transaction() as session:
         stored = session.execute(
             update(Credential)
@@ -258,7 +314,7 @@ def _orphaned(ask: Reveal, provider: Provider, new: TokenSet) -> None:
     Else another refresh stored its token set first (this one's lease had run
     out); revoking ours could end the grant theirs belongs to.
     """
-    if _read(ask).live:
+    if _read(ask)[0].live:
         return
     outcome = revocation.revoke_tokens(provider, new)
     log.info("credential %s was revoked during its refresh; its new tokens: %s",
@@ -272,14 +328,35 @@ def _refused(ask: Reveal, credential_id: str, nonce: bytes, holder: str,
     Unless its token set (``nonce``) changed meanwhile: then another refresh
     spent the refresh token first, and the connection lives on with the new one.
     """
-    with db.transaction() as session:
-        current = session.get(Credential, credential_id, populate_existing=True,
-                              with_for_update=True)
-        if current is not None and current.live and current.nonce == nonce:
-            service.revoke(session, ask.clock, current, actor=ask.actor,
-                           source_ip=ask.source_ip, reason=service.Reason.REFRESH_FAILED,
-                           details={"provider_error": refused.error})
-        _release(session, credential_id, holder)
+    try:
+        with db.transaction() as session:
+            current = session.get(Credential, credential_id, populate_existing=True,
+                                  with_for_update=True)
+            if current is not None and current.live and current.nonce == nonce:
+                service.revoke(session, ask.clock, current, actor=ask.actor,
+                               source_ip=ask.source_ip, reason=service.Reason.REFRESH_FAILED,
+                               details={"provider_error": refused.error})
+            _release(session, credential_id, holder)
+    except BaseException:
+        _release_after_failure(credential_id, holder)
+        raise
+
+
+def _client_refused(ask: Reveal, provider: Provider, credential_id: str, holder: str) -> None:
+    """Free the lease and record that the provider refused the gateway's client.
+
+    The record is what ``gateway status`` reads to say which type's client
+    the operator must correct; the connection itself is left as it was.
+    """
+    try:
+        with db.transaction() as session:
+            _release(session, credential_id, holder)
+            audit.record(session, ask.clock, actor=ask.actor, action=CLIENT_REFUSED,
+                         target=provider.type_id, source_ip=ask.source_ip, outcome="failure",
+                         details={"credential_id": credential_id,
+                                  "provider_error": "invalid_client"})
+    except SQLAlchemyError:
+        _release_after_failure(credential_id, holder)
 
 
 def _release(session: Session, credential_id: str, holder: str) -> None:

@@ -3,11 +3,18 @@
 Revoked here, a connection can no longer be revealed; its tokens would still
 work at the provider until they expire, unless it is told. So every
 revocation of a connection (by its user, its MCP server or the operator)
-first asks the provider to revoke the refresh token and the access token,
-outside any transaction (the provider may be slow; on SQLite a transaction
-would hold the write lock meanwhile), then revokes it here in one
-transaction whose audit row says what the provider answered. A provider that
-fails to answer stops nothing: the revocation here is what the gateway
+revokes it here first, in one transaction (audited, ``credential.revoked``
+sent), and then asks the provider to revoke the refresh token and the access
+token sealed in it, outside any transaction (the provider may be slow; on
+SQLite a transaction would hold the write lock meanwhile). A second audit
+row, ``credential.provider_revoked``, says what the provider answered.
+
+Here first, because a refresh may be in flight: its store is conditional on
+the connection being live, so it fails, and the refresh revokes the tokens
+it just obtained as orphans (:mod:`gateway.oauth.refresh`). Asked the other
+way round, the provider would revoke the old tokens while the refresh
+stored and handed out new ones that nobody would ever revoke. A provider
+that fails to answer stops nothing: the revocation here is what the gateway
 promises.
 """
 
@@ -19,6 +26,7 @@ from typing import Final
 
 from sqlalchemy.orm import Session
 
+from gateway.audit import service as audit
 from gateway.clock import Clock
 from gateway.credentials import service
 from gateway.credentials.catalog import CatalogError
@@ -29,6 +37,9 @@ from gateway.vault.envelope import VaultError
 from gateway.vault.keyring import KeyringError, KeySource
 
 NOT_REVOKED: Final = "not revoked at the provider"
+REVOKED: Final = "revoked at the provider"
+# The audit action that says what the provider answered a revocation.
+PROVIDER_REVOKED: Final = "credential.provider_revoked"
 
 Transaction = Callable[[], AbstractContextManager[Session]]
 
@@ -88,18 +99,20 @@ def revoke(transaction: Transaction, find: Callable[[Session], Credential],
     may not revoke. An API key is revoked in one transaction, as ever.
     """
     with transaction() as session:
-        credential = _locked(session, find)
-        if credential.kind != KIND:
-            service.revoke(session, clock, credential, actor=actor, source_ip=source_ip,
-                           reason=reason)
-            return credential, None
-        if not credential.live:
-            raise service.AlreadyRevoked()
-    outcome = at_provider(credential)
-    with transaction() as session:
+        # Locked: a refresh storing its token set meanwhile either commits
+        # first (its tokens are the ones revoked below) or finds it revoked.
         credential = _locked(session, find)
         service.revoke(session, clock, credential, actor=actor, source_ip=source_ip,
-                       reason=reason, details={"provider_revocation": outcome})
+                       reason=reason)
+    if credential.kind != KIND:
+        return credential, None
+    outcome = at_provider(credential)
+    with transaction() as session:
+        audit.record(session, clock, actor=actor, action=PROVIDER_REVOKED,
+                     target=credential.id, source_ip=source_ip,
+                     outcome="success" if outcome == REVOKED else "failure",
+                     details={"client_id": credential.client_id, "type": credential.type,
+                              "provider_revocation": outcome})
     return credential, outcome
 
 

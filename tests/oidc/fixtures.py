@@ -57,6 +57,10 @@ TOKEN_FAULTS = (
     "slow",
     "missing_access_token",
     "server_error",
+    "invalid_client",
+    "invalid_request",
+    "throttled",
+    "trickle",
 )
 REVOCATION_FAULTS = ("slow", "server_error")
 REDIRECT_URIS = ("https://gateway.test/login/callback",)
@@ -313,6 +317,8 @@ class OidcProvider:
         slow_seconds: float = UNSET,
         refresh_delay_ms: int = UNSET,
         revocation_fault: str | None = UNSET,
+        retry_after: str | None = UNSET,
+        answer_patch: dict[str, Any] | None = UNSET,
     ) -> dict[str, Any]:
         """Change how the provider treats connect-app, until reset; returns ``connect_stats()``.
 
@@ -323,10 +329,16 @@ class OidcProvider:
           requested scopes (and ``openid``); the others are rejected.
         - ``token_fault``: one of ``token_faults``, answering its token requests
           from now on; ``fault_grant_types`` limits it to some grant types.
-        - ``slow_seconds``: how long ``slow`` holds an answer back (3).
+        - ``slow_seconds``: how long ``slow`` holds an answer back, and
+          ``trickle`` spreads it over (3).
         - ``refresh_delay_ms``: each refresh_token request waits this long
           before the provider handles it (0).
         - ``revocation_fault``: one of ``revocation_faults``, for its revocation requests.
+        - ``retry_after``: the ``Retry-After`` header of ``throttled`` (``"120"``;
+          ``None``: no header).
+        - ``answer_patch``: fields merged into its genuine token answers (200),
+          for the grant types ``fault_grant_types`` names, e.g.
+          ``{"expires_in": 10**12}``; ``None`` ends it.
         """
         settings = {
             "access_token_ttl": access_token_ttl,
@@ -336,6 +348,8 @@ class OidcProvider:
             "slow_seconds": slow_seconds,
             "refresh_delay_ms": refresh_delay_ms,
             "revocation_fault": revocation_fault,
+            "retry_after": retry_after,
+            "answer_patch": answer_patch,
         }
         body = {
             name: list(value) if isinstance(value, (list, tuple)) else value

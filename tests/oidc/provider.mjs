@@ -18,6 +18,7 @@
 
 import { randomBytes } from 'node:crypto';
 import { createServer } from 'node:http';
+import { Readable } from 'node:stream';
 
 import * as jose from 'jose';
 import Provider from 'oidc-provider';
@@ -238,9 +239,14 @@ let idTokenFault = null;
 
 const GRANT_TYPES = ['authorization_code', 'refresh_token'];
 // Each answers connect-app's token requests in place of the provider, except
-// `slow`, which lets the provider answer and holds the answer back. Nothing is
-// spent by the others: the code or refresh token sent stays usable.
-const TOKEN_FAULTS = ['invalid_grant', 'html', 'oversize', 'slow', 'missing_access_token', 'server_error'];
+// `slow` and `trickle`, which let the provider answer and hold the answer back
+// (`trickle` sends it a few bytes at a time). Nothing is spent by the others:
+// the code or refresh token sent stays usable.
+const TOKEN_FAULTS = [
+  'invalid_grant', 'html', 'oversize', 'slow', 'missing_access_token', 'server_error',
+  'invalid_client', 'invalid_request', 'throttled', 'trickle',
+];
+const TRICKLE_PIECES = 40;
 const REVOCATION_FAULTS = ['slow', 'server_error'];
 const OVERSIZE_PADDING = 96 * 1024;
 
@@ -253,6 +259,8 @@ function connectDefaults() {
     slow_seconds: 3,
     refresh_delay_ms: 0,
     revocation_fault: null,
+    retry_after: '120',
+    answer_patch: null,
   };
 }
 
@@ -291,6 +299,8 @@ function updateConnect(body) {
     slow_seconds: (v) => typeof v === 'number' && v >= 0 && v <= 600,
     refresh_delay_ms: (v) => Number.isInteger(v) && v >= 0 && v <= 600_000,
     revocation_fault: (v) => v === null || REVOCATION_FAULTS.includes(v),
+    retry_after: (v) => v === null || typeof v === 'string',
+    answer_patch: (v) => v === null || (typeof v === 'object' && !Array.isArray(v)),
     reset_stats: (v) => typeof v === 'boolean',
   };
   for (const [key, value] of Object.entries(body)) {
@@ -380,7 +390,38 @@ const FAULT_ANSWERS = {
   server_error: (ctx) => answer(ctx, 503, 'application/json', {
     error: 'server_error', error_description: 'the authorization server is unavailable (test fault)',
   }),
+  invalid_client: (ctx) => {
+    ctx.set('www-authenticate', 'Basic realm="connect-app"');
+    answer(ctx, 401, 'application/json', {
+      error: 'invalid_client', error_description: 'client authentication failed (test fault)',
+    });
+  },
+  invalid_request: (ctx) => answer(ctx, 400, 'application/json', {
+    error: 'invalid_request', error_description: 'the request is missing a parameter (test fault)',
+  }),
+  throttled: (ctx) => {
+    if (connect.retry_after !== null) ctx.set('retry-after', connect.retry_after);
+    answer(ctx, 429, 'application/json', {
+      error: 'slow_down', error_description: 'too many requests (test fault)',
+    });
+  },
 };
+
+// The genuine answer, its body sent in TRICKLE_PIECES pieces spread over
+// slow_seconds: every read gets a few bytes well within any read timeout.
+function trickle(ctx) {
+  const body = Buffer.from(typeof ctx.body === 'string' || Buffer.isBuffer(ctx.body)
+    ? ctx.body : JSON.stringify(ctx.body));
+  const step = Math.ceil(body.length / TRICKLE_PIECES);
+  const pause = (connect.slow_seconds * 1000) / TRICKLE_PIECES;
+  ctx.type = 'application/json';
+  ctx.body = Readable.from((async function* pieces() {
+    for (let start = 0; start < body.length; start += step) {
+      await sleep(pause);
+      yield body.subarray(start, start + step);
+    }
+  })());
+}
 
 async function connectTokenRequest(ctx, next) {
   const params = await peekForm(ctx);
@@ -396,10 +437,14 @@ async function connectTokenRequest(ctx, next) {
   connectStats.token_requests.push(record);
   try {
     if (grantType === 'refresh_token' && connect.refresh_delay_ms > 0) await sleep(connect.refresh_delay_ms);
-    if (fault && fault !== 'slow') return FAULT_ANSWERS[fault](ctx);
+    if (fault && fault !== 'slow' && fault !== 'trickle') return FAULT_ANSWERS[fault](ctx);
     if (grantType === 'refresh_token') await oneAtATime(params.get('refresh_token') ?? '', next);
     else await next();
+    const patched = connect.answer_patch !== null && ctx.status === 200
+      && (connect.fault_grant_types === null || connect.fault_grant_types.includes(grantType));
+    if (patched) ctx.body = { ...ctx.body, ...connect.answer_patch };
     if (fault === 'slow') await sleep(connect.slow_seconds * 1000);
+    if (fault === 'trickle') trickle(ctx);
   } finally {
     record.status = ctx.status;
   }

@@ -735,6 +735,57 @@ def test_token_faults(oidc_provider: OidcProvider, fault: str) -> None:
     assert oidc_provider.connect_refresh(tokens["refresh_token"]).status_code == 200
 
 
+@pytest.mark.parametrize(("fault", "status", "error"), [
+    ("invalid_client", 401, "invalid_client"), ("invalid_request", 400, "invalid_request"),
+    ("throttled", 429, "slow_down")])
+def test_token_error_faults(oidc_provider: OidcProvider, fault: str, status: int,
+                            error: str) -> None:
+    tokens = oidc_provider.connect_tokens()
+    oidc_provider.set_connect(token_fault=fault)
+
+    response = oidc_provider.connect_refresh(tokens["refresh_token"])
+
+    assert (response.status_code, response.json()["error"]) == (status, error)
+    if fault == "throttled":
+        assert response.headers["Retry-After"] == "120"
+        oidc_provider.set_connect(retry_after="Wed, 21 Oct 2099 07:28:00 GMT")
+        again = oidc_provider.connect_refresh(tokens["refresh_token"])
+        assert again.headers["Retry-After"] == "Wed, 21 Oct 2099 07:28:00 GMT"
+    if fault == "invalid_client":
+        assert response.headers["WWW-Authenticate"].startswith("Basic")
+    oidc_provider.set_connect(token_fault=None)
+    assert oidc_provider.connect_refresh(tokens["refresh_token"]).status_code == 200
+
+
+def test_token_fault_trickle_sends_the_genuine_answer_slowly(
+    oidc_provider: OidcProvider,
+) -> None:
+    tokens = oidc_provider.connect_tokens()
+    oidc_provider.set_connect(token_fault="trickle", slow_seconds=1.5)
+
+    started = time.monotonic()
+    # Each read gets a few bytes in time: only the whole takes long.
+    response = oidc_provider.connect_refresh(tokens["refresh_token"])
+
+    assert time.monotonic() - started >= 1.4
+    assert response.status_code == 200
+    assert response.json()["refresh_token"] != tokens["refresh_token"]
+
+
+def test_answer_patch_changes_the_genuine_answer(oidc_provider: OidcProvider) -> None:
+    tokens = oidc_provider.connect_tokens()
+    oidc_provider.set_connect(answer_patch={"expires_in": 10**12, "token_type": "DPoP"},
+                              fault_grant_types=["refresh_token"])
+
+    answer = oidc_provider.connect_refresh(tokens["refresh_token"]).json()
+
+    assert (answer["expires_in"], answer["token_type"]) == (10**12, "DPoP")
+    # The answer is genuine otherwise: the refresh token really rotated.
+    assert oidc_provider.connect_refresh(answer["refresh_token"]).status_code == 200
+    # Limited to refreshes, it leaves the code exchange alone.
+    assert oidc_provider.connect_tokens()["token_type"] == "Bearer"
+
+
 def test_token_fault_applies_to_the_code_exchange_too(oidc_provider: OidcProvider) -> None:
     oidc_provider.set_connect(token_fault="server_error")
     with pytest.raises(OidcLoginError, match="503"):
@@ -822,15 +873,16 @@ def test_connect_settings_are_checked_and_reset(oidc_provider: OidcProvider) -> 
         oidc_provider.set_connect(access_token_ttl=0)
     defaults = {"access_token_ttl": 300, "grant_only": None, "token_fault": None,
                 "fault_grant_types": None, "slow_seconds": 3, "refresh_delay_ms": 0,
-                "revocation_fault": None}
+                "revocation_fault": None, "retry_after": "120", "answer_patch": None}
     state = oidc_provider.set_connect(
         access_token_ttl=5, grant_only=["repo"], token_fault="slow",
         fault_grant_types=["refresh_token"], slow_seconds=2, refresh_delay_ms=100,
-        revocation_fault="server_error")
+        revocation_fault="server_error", retry_after="7", answer_patch={"scope": "repo"})
     assert {name: state[name] for name in defaults} == {
         "access_token_ttl": 5, "grant_only": ["repo"], "token_fault": "slow",
         "fault_grant_types": ["refresh_token"], "slow_seconds": 2, "refresh_delay_ms": 100,
-        "revocation_fault": "server_error"}
+        "revocation_fault": "server_error", "retry_after": "7",
+        "answer_patch": {"scope": "repo"}}
 
     oidc_provider.reset()
 

@@ -14,6 +14,7 @@ import re
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,9 @@ from gateway.outbound import (
     GuardedPool,
     IPAddress,
     OutboundPolicy,
+    attempt_deadline,
     blocked_reason,
+    bound_answers,
     finish,
     guard_session,
     guarded_session,
@@ -169,6 +172,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Location", "http://169.254.169.254/latest/meta-data/")
             self.send_header("Content-Length", "0")
             self.end_headers()
+            return
+        if self.path == "/trickle":  # each byte in time, the whole taking two seconds
+            self.send_response(200)
+            self.send_header("Content-Length", "20")
+            self.end_headers()
+            for _ in range(20):
+                try:
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(0.1)
             return
         self.send_response(200)
         self.send_header("Content-Length", "2")
@@ -767,3 +782,27 @@ def test_pool_returns_a_redirect_without_following_it(
     assert response.headers["Location"] == "http://169.254.169.254/latest/meta-data/"
     finish(response)
     assert http_server.paths == ["/redirect"]
+
+
+# --- a deadline for the whole attempt ---------------------------------------------------------
+
+
+def test_an_answer_trickled_past_the_attempt_deadline_is_cut_off(
+    http_server: LocalServer,
+) -> None:
+    policy = OutboundPolicy(insecure_hosts=frozenset({f"127.0.0.1:{http_server.port}"}))
+    started = time.monotonic()
+    with bound_answers(guarded_session(policy), 1024) as session, \
+            attempt_deadline(0.5) as deadline, pytest.raises(requests.RequestException):
+        # The read timeout never fires: a byte comes every tenth of a second.
+        session.get(f"http://127.0.0.1:{http_server.port}/trickle", timeout=(1, 1))
+    assert deadline.passed()
+    assert time.monotonic() - started < 1.5
+
+
+def test_an_answer_within_the_attempt_deadline_is_read_whole(http_server: LocalServer) -> None:
+    policy = OutboundPolicy(insecure_hosts=frozenset({f"127.0.0.1:{http_server.port}"}))
+    with guarded_session(policy) as session, attempt_deadline(5) as deadline:
+        answer = session.get(f"http://127.0.0.1:{http_server.port}/trickle", timeout=(1, 1))
+    assert (answer.status_code, answer.text) == (200, "x" * 20)
+    assert not deadline.passed()

@@ -5,8 +5,10 @@ connection, a provider that is down leaves it as it was."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -23,14 +25,18 @@ from gateway.clock import FixedClock
 from gateway.credentials import service
 from gateway.credentials.catalog import current_catalog
 from gateway.credentials.models import Credential
+from gateway.db_clock import database_now
 from gateway.elicitations.models import Elicitation
+from gateway.oauth.refresh import lease_for
 from gateway.settings import Settings
 from gateway.tokens import new_id
 from gateway.vault.keyring import current_keyring
 from tests.conftest import Api, Registered, client_for
+from tests.integration.conftest import Result
 from tests.integration.oauth.conftest import (
     MARGIN_SECONDS,
     SCOPE,
+    SECRET_ENV,
     TOKEN_SECONDS,
     TYPE,
     Connection,
@@ -224,7 +230,8 @@ def test_a_refused_refresh_revokes_the_connection_and_asks_for_a_reconnect(
 
 
 @pytest.mark.parametrize("fault", ["server_error", "slow", "html", "oversize",
-                                   "missing_access_token"])
+                                   "missing_access_token", "invalid_client", "invalid_request",
+                                   "throttled"])
 def test_a_provider_that_fails_leaves_the_connection_as_it_was_and_answers_503(
     app: Flask, api: Api, connect: Callable[..., Connection], oidc_provider: OidcProvider,
     clock: FixedClock, fault: str,
@@ -284,9 +291,10 @@ def test_a_lease_whose_holder_died_is_taken_over_once_it_runs_out(
 ) -> None:
     connection = connect("alice")
     expire_soon(clock)
+    # Lease times are the database's: this one runs out now, whatever the app's clock says.
     with app.app_context(), db.transaction() as session:
         session.execute(update(Credential).where(Credential.id == connection.id).values(
-            refresh_lease_holder="rl_gone", refresh_lease_until=clock.now()))
+            refresh_lease_holder="rl_gone", refresh_lease_until=database_now()))
     answer = reveal(api, connection)
     assert answer.status_code == 200, answer.get_data(as_text=True)
     assert answer.get_json()["secret"] != connection.access_token
@@ -325,3 +333,197 @@ def test_a_connection_whose_type_left_the_catalog_is_handed_out_as_stored(
     assert revealed.status_code == 200, revealed.get_data(as_text=True)
     assert revealed.get_json()["secret"] == connection.access_token
     assert refresh_calls(oidc_provider) == 0
+
+
+# --- only invalid_grant ends a connection ----------------------------------------------------
+
+
+def unchanged(app: Flask, connection: Connection) -> bool:
+    """Whether the connection is live, holds the tokens it was made with, and no lease."""
+    row = stored(app, connection.id)
+    sealed = tokens_of(app, connection.id)
+    return (row.live, row.refreshed_at, row.refresh_lease_until, row.refresh_lease_holder,
+            sealed.access_token, sealed.refresh_token) == (
+        True, None, None, None, connection.access_token, connection.refresh_token)
+
+
+@pytest.mark.parametrize(("retry_after", "answered"), [
+    ("120", "120"), ("86400", "300"), ("Wed, 21 Oct 2099 07:28:00 GMT", "300"), (None, "30")])
+def test_a_throttled_refresh_passes_the_providers_retry_after_on_capped(
+    app: Flask, api: Api, connect: Callable[..., Connection], oidc_provider: OidcProvider,
+    clock: FixedClock, retry_after: str | None, answered: str,
+) -> None:
+    connection = connect("alice")
+    oidc_provider.set_connect(token_fault="throttled", fault_grant_types=["refresh_token"],
+                              retry_after=retry_after)
+    expire_soon(clock)
+    answer = reveal(api, connection)
+    assert (answer.status_code, problem_code(answer)) == (503, "provider-unavailable")
+    assert answer.headers["Retry-After"] == answered
+    assert "HTTP 429" in answer.get_json()["detail"]
+    assert unchanged(app, connection)
+    assert revoked_events(app) == []
+
+
+def test_a_refused_client_is_logged_as_an_error_and_shown_by_status_and_ends_nothing(
+    app: Flask, api: Api, connect: Callable[..., Connection], oidc_provider: OidcProvider,
+    clock: FixedClock, invoke_gateway: Callable[..., Result],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    connection = connect("alice")
+    oidc_provider.set_connect(token_fault="invalid_client", fault_grant_types=["refresh_token"])
+    expire_soon(clock)
+    with caplog.at_level(logging.INFO, logger="gateway.oauth.provider"):
+        answer = reveal(api, connection)
+    assert (answer.status_code, problem_code(answer)) == (503, "provider-unavailable")
+    assert "invalid_client" in answer.get_json()["detail"]
+    assert unchanged(app, connection)
+    assert revoked_events(app) == []
+    [logged] = [r for r in caplog.records if "invalid_client" in r.getMessage()]
+    assert logged.levelno == logging.ERROR
+    assert oidc_provider.connect_client_secret not in caplog.text
+    [refused] = audit_rows(app, "oauth.client_refused", TYPE)
+    assert refused.details == {"credential_id": connection.id,
+                               "provider_error": "invalid_client"}
+
+    result = invoke_gateway("status", "--json")
+    report = json.loads(result.stdout)
+    assert list(report["oauth_client_refused"]) == [TYPE]
+    text = invoke_gateway("status").stdout
+    assert f"{TYPE}: its provider last refused the gateway's client (invalid_client)" in text
+
+    # Once the operator has fixed the client, the same connection refreshes.
+    oidc_provider.set_connect(token_fault=None)
+    assert reveal(api, connection).status_code == 200
+
+
+def test_a_rotated_client_secret_leaves_every_connection_as_it_was(
+    connect: Callable[..., Connection], mcp: Registered, oidc_provider: OidcProvider,
+    make_settings: Callable[..., Settings], clock: FixedClock, app: Flask,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    connection = connect("alice")
+    # The real provider, refusing a secret that is no longer its client's.
+    monkeypatch.setenv(SECRET_ENV, "an-old-secret")
+    rotated = create_app(make_settings(), clock=clock)
+    try:
+        expire_soon(clock)
+        answer = reveal(Api(client_for(rotated), mcp.api_token), connection)
+    finally:
+        rotated.extensions["gateway.engine"].dispose()
+    assert (answer.status_code, problem_code(answer)) == (503, "provider-unavailable")
+    assert [r["status"] for r in oidc_provider.connect_stats()["token_requests"]] == [401]
+    assert unchanged(app, connection)
+
+
+# --- a refresh never outlives its lease --------------------------------------------------
+
+
+def test_a_trickled_answer_is_cut_off_before_the_lease_runs_out_and_not_sent_twice(
+    app: Flask, other_app: Flask, mcp: Registered, connect: Callable[..., Connection],
+    oidc_provider: OidcProvider, clock: FixedClock, settings: Settings,
+) -> None:
+    connection = connect("alice")
+    with app.app_context():
+        example = current_catalog().get(TYPE)
+        assert example is not None
+        assert example.oauth is not None
+        lease = lease_for(example.oauth).total_seconds()
+    # Each piece well within the read timeout; the whole longer than the lease.
+    oidc_provider.set_connect(token_fault="trickle", slow_seconds=lease + 4,
+                              fault_grant_types=["refresh_token"])
+    expire_soon(clock)
+    answers: dict[str, tuple[int, float]] = {}
+    started = time.monotonic()
+
+    def reveal_on(name: str, instance: Flask) -> None:
+        answer = reveal(Api(client_for(instance), mcp.api_token), connection)
+        answers[name] = (answer.status_code, time.monotonic() - started)
+
+    first = threading.Thread(target=reveal_on, args=("first", app))
+    first.start()
+    time.sleep(1)  # the first holds the lease and reads the trickle
+    second = threading.Thread(target=reveal_on, args=("second", other_app))
+    second.start()
+    first.join(timeout=60)
+    second.join(timeout=60)
+
+    assert answers["first"][0] == 503
+    assert answers["first"][1] < lease  # cut off by the deadline, before the lease ran out
+    # The second waited for the first, and did not send the same refresh token again.
+    assert answers["second"][0] == 503
+    assert refresh_calls(oidc_provider) == 1
+    row = stored(app, connection.id)
+    assert row.live
+    assert (row.refresh_lease_until, row.refresh_lease_holder) == (None, None)
+
+
+def test_an_instance_whose_clock_runs_ahead_does_not_take_over_a_running_lease(
+    app: Flask, api: Api, connect: Callable[..., Connection], oidc_provider: OidcProvider,
+    clock: FixedClock,
+) -> None:
+    connection = connect("alice")
+    # Another instance holds the lease for two more seconds by the database's clock...
+    with app.app_context(), db.transaction() as session:
+        session.execute(update(Credential).where(Credential.id == connection.id).values(
+            refresh_lease_holder="rl_other", refresh_lease_until=database_now(2)))
+    # ...and this instance's clock is a day ahead.
+    clock.advance(days=1)
+    answers: list[TestResponse] = []
+    waiting = threading.Thread(target=lambda: answers.append(reveal(api, connection)))
+    waiting.start()
+    time.sleep(1)
+    assert refresh_calls(oidc_provider) == 0  # still waiting for the lease
+    waiting.join(timeout=30)
+    [answer] = answers
+    assert answer.status_code == 200, answer.get_data(as_text=True)
+    assert refresh_calls(oidc_provider) == 1
+
+
+# --- token answers are checked before anything changes -------------------------------------
+
+TEN_YEARS = timedelta(days=3650)
+
+
+def test_a_refresh_answering_expires_in_ten_to_the_twelfth_is_stored_capped_at_ten_years(
+    app: Flask, api: Api, connect: Callable[..., Connection], oidc_provider: OidcProvider,
+    clock: FixedClock,
+) -> None:
+    connection = connect("alice")
+    oidc_provider.set_connect(answer_patch={"expires_in": 10**12, "token_type": "bearer"},
+                              fault_grant_types=["refresh_token"])
+    expire_soon(clock)
+    answer = reveal(api, connection)
+    assert answer.status_code == 200, answer.get_data(as_text=True)
+    assert answer.get_json()["token_type"] == "Bearer"
+    row = stored(app, connection.id)
+    assert row.token_expires_at == clock.now() + TEN_YEARS
+    assert (row.refresh_lease_until, row.refresh_lease_holder) == (None, None)
+    sealed = tokens_of(app, connection.id)
+    assert sealed.refresh_token not in (None, connection.refresh_token)
+    assert sealed.token_type == "Bearer"
+
+
+@pytest.mark.parametrize(("patch", "words"), [
+    ({"token_type": "DPoP " + "x" * 2000}, "its token_type is not Bearer"),
+    ({"token_type": "mac"}, "its token_type is not Bearer"),
+    ({"expires_in": "soon"}, "its expires_in is not a number"),
+    ({"access_token": 12345}, "its access_token is not a string"),
+    ({"scope": {"repo": True}}, "its scope is not a string of scope names"),
+    ({"id_token": 5}, "its id_token is not a string"),
+])
+def test_an_unusable_refresh_answer_stores_nothing_frees_the_lease_and_says_why(
+    app: Flask, api: Api, connect: Callable[..., Connection], oidc_provider: OidcProvider,
+    clock: FixedClock, patch: dict[str, Any], words: str,
+) -> None:
+    connection = connect("alice")
+    oidc_provider.set_connect(answer_patch=patch, fault_grant_types=["refresh_token"])
+    expire_soon(clock)
+    answer = reveal(api, connection)
+    assert (answer.status_code, problem_code(answer)) == (503, "provider-unavailable")
+    assert int(answer.headers["Retry-After"]) > 0
+    detail = answer.get_json()["detail"]
+    assert words in detail
+    assert "xxxx" not in detail
+    assert unchanged(app, connection)
+    assert audit_rows(app, "credential.refreshed", connection.id) == []

@@ -4,18 +4,23 @@ it; a provider that fails to answer, or a type gone from the catalog, stops only
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from flask import Flask
+from werkzeug.test import TestResponse
 
 from gateway import db
-from gateway.clock import SystemClock
+from gateway.clock import FixedClock, SystemClock
 from gateway.identity import service as identity
 from tests.conftest import Api, client_for
 from tests.integration.conftest import Result
 from tests.integration.oauth.conftest import (
+    MARGIN_SECONDS,
+    TOKEN_SECONDS,
     TYPE,
     Connection,
     audit_rows,
@@ -37,8 +42,9 @@ def delete(api: Api, connection: Connection) -> None:
 
 
 def at_provider(app: Flask, connection: Connection) -> str:
-    """What the audit row of the connection's revocation says the provider did."""
-    [revoked] = audit_rows(app, "credential.revoked", connection.id)
+    """What the audit row of the connection's revocation at its provider says it did."""
+    assert len(audit_rows(app, "credential.revoked", connection.id)) == 1
+    [revoked] = audit_rows(app, "credential.provider_revoked", connection.id)
     outcome: str = revoked.details["provider_revocation"]
     return outcome
 
@@ -139,3 +145,39 @@ def test_revoking_a_revoked_connection_is_a_conflict_and_asks_the_provider_nothi
     again = api.client.delete(f"/api/v1/credentials/{connection.id}", headers=api.headers())
     assert again.status_code == 409
     assert oidc_provider.connect_stats()["revocations"] == []
+
+
+def test_a_revocation_during_a_refresh_hands_out_nothing_and_revokes_the_new_tokens(
+    app: Flask, api: Api, connect: Callable[..., Connection], oidc_provider: OidcProvider,
+    clock: FixedClock,
+) -> None:
+    connection = connect("alice")
+    # The provider rotates at once and answers 1.5 s later (within the read timeout); its
+    # revocations take as long, so the DELETE is still asking it when the new tokens arrive.
+    oidc_provider.set_connect(token_fault="slow", slow_seconds=1.5,
+                              fault_grant_types=["refresh_token"], revocation_fault="slow")
+    clock.advance(seconds=TOKEN_SECONDS - MARGIN_SECONDS + 10)
+    revealed: list[TestResponse] = []
+    refreshing = threading.Thread(target=lambda: revealed.append(
+        api.post(f"/api/v1/credentials/{connection.id}/reveal")))
+    refreshing.start()
+    time.sleep(0.5)  # the reveal holds the lease, the provider holds its answer
+    delete(api, connection)
+    refreshing.join(timeout=60)
+
+    [answer] = revealed
+    # The MCP server is told the connection is gone, and handed no token.
+    assert answer.status_code == 409, answer.get_data(as_text=True)
+    assert "secret" not in (answer.get_json() or {})
+    row = stored(app, connection.id)
+    assert (row.live, row.revoked_reason) == (False, "client")
+    assert (row.refresh_lease_until, row.refresh_lease_holder) == (None, None)
+    assert audit_rows(app, "credential.refreshed", connection.id) == []
+    # The tokens the refresh obtained were revoked at the provider as orphans.
+    sent = [(r["token_type_hint"], r["token"]) for r in
+            oidc_provider.connect_stats()["revocations"]]
+    assert sent[0] == ("refresh_token", connection.refresh_token)
+    orphans = [token for hint, token in sent
+               if hint == "refresh_token" and token != connection.refresh_token]
+    assert len(orphans) == 1
+    assert at_provider(app, connection) == REVOKED
