@@ -77,8 +77,11 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     key_versions.init_app(app, settings, db.engine_of(app), app.extensions["gateway.clock"])
     app.session_interface = ServerSessionInterface(db.engine_of(app), app.extensions[
         "gateway.clock"], settings)
-    csrf.init_app(app)
+    # The edge's hooks first, then the CSRF check: a request over plain HTTP
+    # or a form from another site is refused for what it is, with the answer
+    # that says so, before its token is even read.
     web.init_app(app, settings)
+    csrf.init_app(app)
     counters.init_app(app)
     ratelimit.init_app(app, settings)
     api.init_app(app, settings, [elicitations_api.blueprint, credentials_api.blueprint,
