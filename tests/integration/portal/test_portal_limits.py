@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Iterator
 
 import pytest
-from flask import Flask
+from flask import Flask, url_for
 from flask.testing import FlaskClient
 from sqlalchemy import func, select
 
@@ -48,6 +48,14 @@ def from_address(app: Flask, address: str) -> FlaskClient:
     return client
 
 
+def callback(app: Flask, query: str) -> str:
+    """The path of an OAuth provider's return, whatever its rule's shape, with ``query``."""
+    [rule, *_] = app.url_map.iter_rules("oauth.callback")
+    with app.test_request_context():
+        path = url_for("oauth.callback", **{name: "example" for name in rule.arguments})
+    return f"{path}?{query}"
+
+
 def audit_records(app: Flask) -> int:
     with app.app_context():
         return db.session().scalar(select(func.count()).select_from(AuditEvent)) or 0
@@ -59,7 +67,7 @@ def test_anonymous_callbacks_write_no_audit_record_and_are_counted_and_logged(
     stranger = from_address(app, "198.51.100.7")
     before = audit_records(app)
     with caplog.at_level(logging.INFO, logger="gateway.oauth.views"):
-        answers = [stranger.get(f"/oauth/callback?code=c{n}&state=s{n}").status_code
+        answers = [stranger.get(callback(app, f"code=c{n}&state=s{n}")).status_code
                    for n in range(200)]
     # Under the default GATEWAY_RATELIMIT_PORTAL ("300/minute"): each is answered.
     assert answers == [400] * 200
@@ -77,10 +85,10 @@ def test_past_the_portal_limit_an_address_gets_429_on_every_open_route(
 ) -> None:
     app = limited_app(GATEWAY_RATELIMIT_PORTAL="5/minute")
     stranger, neighbour = from_address(app, "198.51.100.7"), from_address(app, "198.51.100.8")
-    answers = [stranger.get("/oauth/callback?code=c&state=s").status_code for _ in range(3)]
+    answers = [stranger.get(callback(app, "code=c&state=s")).status_code for _ in range(3)]
     answers += [stranger.get("/login").status_code for _ in range(2)]
     assert answers == [400, 400, 400, 200, 200]
-    for path in ("/oauth/callback?code=c&state=s", "/login", "/login/callback"):
+    for path in (callback(app, "code=c&state=s"), "/login", "/login/callback"):
         refused = stranger.get(path)
         assert refused.status_code == 429, path
         assert 0 < int(refused.headers["Retry-After"]) <= 60
