@@ -52,7 +52,7 @@ def callback(app: Flask, query: str) -> str:
     """The path of an OAuth provider's return, whatever its rule's shape, with ``query``."""
     [rule, *_] = app.url_map.iter_rules("oauth.callback")
     with app.test_request_context():
-        path = url_for("oauth.callback", **{name: "example" for name in rule.arguments})
+        path = url_for("oauth.callback", **dict.fromkeys(rule.arguments, "example"))
     return f"{path}?{query}"
 
 
