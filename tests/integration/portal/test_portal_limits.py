@@ -8,7 +8,10 @@ written to the append-only audit trail one record each.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
+import threading
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -21,6 +24,7 @@ from gateway.app import create_app
 from gateway.audit.models import AuditEvent
 from gateway.settings import Settings
 from tests.conftest import client_for
+from tests.integration.conftest import free_port
 from tests.integration.portal.conftest import Browser
 from tests.integration.test_metrics import samples
 
@@ -124,3 +128,82 @@ def test_a_login_is_refused_while_the_lockout_cannot_count_it(
     found = samples(client_for(app))
     # Each login is two requests (the form, then its post), all uncounted.
     assert found["gateway_rate_limit_storage_errors_total{}"] == 7
+
+
+class Cable:
+    """A TCP relay to Redis that a test can unplug and plug back, on the same port."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = free_port()
+        self._listener: socket.socket | None = None
+        self._open: list[socket.socket] = []
+
+    def plug(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen()
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def unplug(self) -> None:
+        assert self._listener is not None
+        # A close alone leaves a thread blocked in accept() accepting still (Linux).
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        for connection in self._open:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+            connection.close()
+        self._open.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # unplugged
+            server = socket.create_connection(self.target)
+            self._open += [client, server]
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+
+@pytest.fixture
+def cable() -> Iterator[Cable]:
+    pytest.importorskip("redis")
+    relay = Cable(("127.0.0.1", 6379))
+    relay.plug()
+    yield relay
+    with contextlib.suppress(AssertionError, OSError):
+        relay.unplug()
+
+
+def test_an_outage_of_redis_is_said_once_and_its_end_once_and_logins_resume(
+    limited_app: Callable[..., Flask], alice: str, cable: Cable,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = limited_app(GATEWAY_RATELIMIT_STORAGE_URL=f"redis://127.0.0.1:{cable.port}/0")
+    user = Browser(client_for(app))
+    with caplog.at_level(logging.INFO):
+        assert user.get("/login").status_code == 200
+        cable.unplug()
+        assert [user.get("/login").status_code for _ in range(5)] == [200] * 5
+        assert user.log_in(alice).status_code == 503
+        cable.plug()
+        assert user.log_in(alice).status_code == 303
+        assert user.get("/login").status_code == 200
+    said = [(r.levelname, r.getMessage().split(" (")[0].split(":")[0])
+            for r in caplog.records if r.name == "gateway.web.ratelimit"]
+    assert said == [("ERROR", "rate-limit storage unreachable"),
+                    ("WARNING", "rate-limit storage reachable again")]
