@@ -16,6 +16,7 @@ from gateway.elicitations.waiting import DEFAULT_SLOTS, WaitHub
 from gateway.identity import views as identity
 from gateway.identity.sessions import ServerSessionInterface
 from gateway.identity.web import page_subject
+from gateway.metrics import counters
 from gateway.metrics import views as metrics
 from gateway.oauth import views as oauth
 from gateway.payments import stripe_gateway
@@ -76,12 +77,17 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     key_versions.init_app(app, settings, db.engine_of(app), app.extensions["gateway.clock"])
     app.session_interface = ServerSessionInterface(db.engine_of(app), app.extensions[
         "gateway.clock"], settings)
-    csrf.init_app(app)
+    # The edge's hooks first, then the CSRF check: a request over plain HTTP
+    # or a form from another site is refused for what it is, with the answer
+    # that says so, before its token is even read.
     web.init_app(app, settings)
+    csrf.init_app(app)
+    counters.init_app(app)
     ratelimit.init_app(app, settings)
     api.init_app(app, settings, [elicitations_api.blueprint, credentials_api.blueprint,
                                  openapi.blueprint])
     ratelimit.limit_logins(app, identity.blueprint, settings)
+    ratelimit.limit_portal(app, [identity.blueprint, oauth.blueprint], settings)
     app.register_blueprint(identity.blueprint)
     app.register_blueprint(portal.blueprint)
     app.register_blueprint(account.blueprint)

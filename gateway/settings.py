@@ -77,6 +77,7 @@ class Settings:
     ratelimit_api: str = "600/minute"
     ratelimit_api_ip: str = "3000/minute"
     ratelimit_login: str = "10 per 15 minutes"
+    ratelimit_portal: str = "300/minute"
     encryption_keys: Secret | None = None
     login_backend: str = "local"
     oidc_issuer: str | None = None

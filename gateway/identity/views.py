@@ -30,6 +30,7 @@ def login_submit() -> Response | tuple[str, int]:
     next_path = safe_next(request.form.get("next"))
     if current_settings().login_backend != "local":
         return redirect(f"/login?next={next_path}", code=303)
+    ratelimit.check_login_counted()
     username = request.form.get("username", "")
     with db.transaction() as session:
         user = service.check_local_login(

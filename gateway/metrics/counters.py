@@ -18,27 +18,62 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
+    from flask import Flask
     from prometheus_client import Counter
 
 # prometheus-client's own switch: set, every counter lives in a file in this folder.
 MULTIPROCESS_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 # Followed by the server's process id, so a later server can tell an abandoned folder.
 FOLDER_PREFIX: Final = "gateway-metrics-"
+EXTENSION: Final = "gateway.counters"
 
 
-def rate_limit_hits() -> Counter:
-    """Requests refused with 429, by the limit that refused them."""
+@dataclass(frozen=True)
+class Counters:
+    """The app's in-process counters; ``/metrics`` reads each (or its files)."""
+
+    rate_limit_hits: Counter
+    rate_limit_storage_errors: Counter
+    oauth_callbacks_refused: Counter
+
+    def all(self) -> tuple[Counter, ...]:
+        return (self.rate_limit_hits, self.rate_limit_storage_errors,
+                self.oauth_callbacks_refused)
+
+
+def init_app(app: Flask) -> Counters:
+    """Make the app's counters; call before anything that counts."""
     # Imported here, not above: `gateway serve` imports this module before it
     # sets the folder, and prometheus-client must not be loaded by then.
     from prometheus_client import Counter
 
-    # Not registered anywhere: /metrics reads it (or its files) explicitly.
-    return Counter("gateway_rate_limit_hits", "Requests refused by a rate limit, by limit",
-                   ["limit"], registry=None)
+    # Not registered anywhere: /metrics reads them (or their files) explicitly.
+    made = Counters(
+        rate_limit_hits=Counter(
+            "gateway_rate_limit_hits", "Requests refused by a rate limit, by limit",
+            ["limit"], registry=None),
+        rate_limit_storage_errors=Counter(
+            "gateway_rate_limit_storage_errors",
+            "Requests the rate limits could not count: their storage was unreachable",
+            registry=None),
+        oauth_callbacks_refused=Counter(
+            "gateway_oauth_callbacks_refused",
+            "Returns from an OAuth provider refused before any state was looked at, by reason",
+            ["reason"], registry=None),
+    )
+    app.extensions[EXTENSION] = made
+    return made
+
+
+def of(app: Flask) -> Counters:
+    """The counters :func:`init_app` made for ``app``."""
+    made: Counters = app.extensions[EXTENSION]
+    return made
 
 
 def multiprocess_folder() -> Path | None:

@@ -16,7 +16,7 @@ from gateway.errors import NotFound
 from gateway.metrics import counters
 from gateway.metrics.collector import DatabaseCollector
 from gateway.settings import Settings
-from gateway.web.ratelimit import HITS_EXTENSION, bearer_token
+from gateway.web.ratelimit import bearer_token
 
 blueprint = Blueprint("metrics", __name__)
 EXTENSION: Final = "gateway.metrics"
@@ -32,7 +32,8 @@ def _registry() -> CollectorRegistry:
             # Every worker process's counters, this one's included.
             MultiProcessCollector(registry, path=str(folder))  # type: ignore[no-untyped-call]
         else:
-            registry.register(current_app.extensions[HITS_EXTENSION])
+            for counter in counters.of(current_app).all():
+                registry.register(counter)
         current_app.extensions[EXTENSION] = registry
     return registry
 

@@ -8,11 +8,12 @@ anything is exchanged or stored.
 
 from __future__ import annotations
 
-from flask import Blueprint, redirect, request
+import logging
+
+from flask import Blueprint, current_app, redirect, request
 from werkzeug.wrappers import Response
 
 from gateway import db
-from gateway.audit import service as audit
 from gateway.credentials.catalog import CredentialType
 from gateway.credentials.models import Credential
 from gateway.elicitations import lifecycle
@@ -22,12 +23,14 @@ from gateway.elicitations.views import Page, ended, open_for, render, store
 from gateway.errors import GatewayError
 from gateway.identity.sessions import Subject
 from gateway.identity.web import actor_of, browser_binding, current_subject, signed_in
+from gateway.metrics import counters
 from gateway.oauth import pages, service, states, tokens
 from gateway.oauth.provider import GrantRefused, ProviderUnavailable, provider_for
 from gateway.oauth.states import CallbackRefused
 from gateway.vault.keyring import current_keyring
 from gateway.web.context import current_clock, current_settings
 
+log = logging.getLogger(__name__)
 blueprint = Blueprint("oauth", __name__)
 
 
@@ -137,8 +140,10 @@ def _try_again(elicitation: Elicitation, subject: Subject, error: str) -> tuple[
 
 
 def _refuse(reason: str) -> None:
-    """Record a return that reached no signed-in browser: it stores and completes nothing."""
-    with db.transaction() as session:
-        audit.record(session, current_clock(), actor=f"anonymous@{request.remote_addr}",
-                     action="oauth.callback_refused", outcome="denied",
-                     source_ip=request.remote_addr, details={"reason": reason})
+    """Count a return that reached no signed-in browser: it stores and completes nothing.
+
+    Counted and logged, not audited: anyone can send such a request, and an
+    append-only record for each would let them fill the audit trail.
+    """
+    counters.of(current_app).oauth_callbacks_refused.labels(reason).inc()
+    log.info("OAuth callback refused (%s) from %s", reason, request.remote_addr)

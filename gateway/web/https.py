@@ -1,9 +1,12 @@
 """HTTPS only, and only for the configured host names.
 
-A portal page asked for over plain HTTP is redirected (301) to the public
-https origin. An API request over plain HTTP is refused, never redirected: a
-redirect would teach a misconfigured client that http works, and the token
-it sent in the clear is exposed already.
+A portal page asked for over plain HTTP (GET or HEAD) is redirected (301) to
+the public https origin. An API request over plain HTTP is refused, never
+redirected: a redirect would teach a misconfigured client that http works,
+and the token it sent in the clear is exposed already. A form posted to a
+page over plain HTTP is refused too: a 301 or 303 would drop its body (the
+browser follows with a GET), a 307 or 308 would send again over https what
+already crossed the network in the clear; the answer says so instead.
 """
 
 from __future__ import annotations
@@ -47,6 +50,18 @@ def init_app(app: Flask) -> None:
     app.before_request(_refuse_cross_site_forms)
 
 
+class FormOverPlainHttp(GatewayError):
+    status = 403
+    code = "https-required"
+    title = "HTTPS required"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "This form came over plain HTTP and was not processed. Open the page again at "
+            "its https:// address and send it from there. What it held crossed the network "
+            "unencrypted: if that was a key, revoke it where it was issued.")
+
+
 class CrossSiteRequest(GatewayError):
     status = 403
     code = "cross-site-request"
@@ -77,6 +92,8 @@ def _enforce_https() -> Response | None:
         return None
     if is_api_request():
         raise HttpsRequired()
+    if request.method not in _SAFE_METHODS:
+        raise FormOverPlainHttp()
     settings: Settings = current_app.extensions["gateway.settings"]
     target = settings.public_url + request.full_path.rstrip("?")
     return redirect(target, code=301)

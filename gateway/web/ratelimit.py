@@ -1,20 +1,29 @@
-"""Rate limits (Flask-Limiter): API calls per token and per address, logins per account and address.
+"""Rate limits (Flask-Limiter): API calls per token and per address, logins per account and
+address, the portal's pages for visitors not signed in per address.
 
 Counters live in the memory of one process (each gunicorn worker counts on
 its own), or in Redis (GATEWAY_RATELIMIT_STORAGE_URL) when several processes
 or instances share the load. A
 client over its limit gets 429 with Retry-After, as problem+json, and the
 refusal is counted for ``/metrics`` under the limit's scope.
+
+When the storage cannot be reached the limits fail open, so that an outage
+of Redis does not take the API and the portal down with it; the process says
+so once per outage at error level and counts each request that went
+uncounted. Logins are the exception: their limit is the lockout that stops
+password guessing, so a login that could not be counted is refused.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
-from flask import Blueprint, Flask, Response, current_app, g, request
+from flask import Blueprint, Flask, Response, current_app, g, has_request_context, request
 from flask_limiter import Limiter, RateLimitExceeded, RequestLimit
 
 from gateway.errors import GatewayError
@@ -23,11 +32,19 @@ from gateway.settings import Settings
 from gateway.tokens import keyed_digest
 from gateway.web.errors import render_error
 
+if TYPE_CHECKING:
+    from prometheus_client import Counter
+
 log = logging.getLogger(__name__)
+
+LOGIN_SCOPES: Final = ("login-account", "login-ip")
+PORTAL_SCOPE: Final = "portal-ip"
 
 EXTENSION = "gateway.limiter"
 KEY_PREFIX = "gateway"
-HITS_EXTENSION = "gateway.ratelimit_hits"
+STORAGE_WATCH_EXTENSION = "gateway.ratelimit_storage"
+# Flask-Limiter's logger, on which it reports a count it could not make.
+LIBRARY_LOGGER: Final = "flask-limiter"
 
 
 def init_app(app: Flask, settings: Settings) -> Limiter:
@@ -42,15 +59,81 @@ def init_app(app: Flask, settings: Settings) -> Limiter:
         # goes on refusals only.
         headers_enabled=False,
         # A storage outage must not take the API down with it; counting
-        # resumes when it is back.
+        # resumes when it is back. StorageWatch makes the outage heard.
         swallow_errors=True,
         key_prefix=KEY_PREFIX,
     )
     limiter.init_app(app)
     app.register_error_handler(RateLimitExceeded, _refused)
     app.extensions[EXTENSION] = limiter
-    app.extensions[HITS_EXTENSION] = counters.rate_limit_hits()
+    app.extensions[STORAGE_WATCH_EXTENSION] = StorageWatch(
+        counters.of(app).rate_limit_storage_errors)
+    app.after_request(_note_storage_back)
+    library_logger = logging.getLogger(LIBRARY_LOGGER)
+    if not any(isinstance(f, _UncountedRequests) for f in library_logger.filters):
+        library_logger.addFilter(_UncountedRequests())
     return limiter
+
+
+class StorageWatch:
+    """Whether this process's limits are being counted; says so when that changes.
+
+    One error line when the storage is first found unreachable and one line
+    when counting works again, not a traceback per request: during an outage
+    every request fails to count, and a log that repeats itself thousands of
+    times hides the one line that matters.
+    """
+
+    def __init__(self, uncounted: Counter) -> None:
+        self._uncounted = uncounted
+        self._lock = threading.Lock()
+        self._down = False
+
+    def unreachable(self, error: BaseException) -> None:
+        """A request went uncounted: count it, and say so if the outage is new."""
+        self._uncounted.inc()
+        with self._lock:
+            new, self._down = not self._down, True
+        if new:
+            log.error("rate-limit storage unreachable (%s: %s): rate limits are not enforced "
+                      "and logins are refused until it is back",
+                      type(error).__name__, str(error)[:200])
+
+    def reachable(self) -> None:
+        """A request was counted: the storage is back, if it was away."""
+        if not self._down:  # read without the lock: the common case stays cheap
+            return
+        with self._lock:
+            back, self._down = self._down, False
+        if back:
+            log.warning("rate-limit storage reachable again: rate limits are enforced")
+
+
+class _UncountedRequests(logging.Filter):
+    """Turns Flask-Limiter's traceback per uncounted request into :class:`StorageWatch`'s news.
+
+    Flask-Limiter swallows a storage error (``swallow_errors``) and logs it
+    with its traceback, once per request; that is the only word it gives.
+    Errors of any other kind pass through as they are.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if error is None or not has_request_context():
+            return True
+        limiter: Limiter | None = current_app.extensions.get(EXTENSION)
+        if limiter is None or not isinstance(error, limiter.storage.base_exceptions):
+            return True
+        g.ratelimit_uncounted = True
+        current_app.extensions[STORAGE_WATCH_EXTENSION].unreachable(error)
+        return False
+
+
+def _note_storage_back(response: Response) -> Response:
+    limiter: Limiter = current_app.extensions[EXTENSION]
+    if limiter.current_limits and not g.get("ratelimit_uncounted", False):
+        current_app.extensions[STORAGE_WATCH_EXTENSION].reachable()
+    return response
 
 
 def counts_per_process(settings: Settings) -> bool:
@@ -66,7 +149,7 @@ def counted(scope: str) -> Callable[[RequestLimit], None]:
     """
 
     def count(breached: RequestLimit) -> None:
-        current_app.extensions[HITS_EXTENSION].labels(scope).inc()
+        counters.of(current_app).rate_limit_hits.labels(scope).inc()
 
     return count
 
@@ -141,17 +224,43 @@ def limit_logins(app: Flask, blueprint: Blueprint, settings: Settings) -> None:
     """
     limiter: Limiter = app.extensions[EXTENSION]
     message = "Too many failed logins. Wait a few minutes, then try again."
-    for key_func, scope in ((login_account_key, "login-account"),
-                            (source_address, "login-ip")):
+    for key_func, scope in zip((login_account_key, source_address), LOGIN_SCOPES,
+                               strict=True):
         limiter.limit(settings.ratelimit_login, key_func=key_func, scope=scope,
                       methods=["POST"], error_message=message,
                       exempt_when=_not_a_login, on_breach=counted(scope))(blueprint)
+
+
+class LoginsPaused(GatewayError):
+    status = 503
+    code = "logins-paused"
+    title = "Logins are paused"
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "30"}
+
+
+def check_login_counted() -> None:
+    """Refuse a login whose attempt the lockout could not count: it fails closed.
+
+    The login limits are evaluated before the view on every login form; an
+    empty list means their storage failed and Flask-Limiter let the request
+    through. Letting it go on would lift the lockout for as long as the
+    storage is away, for every guesser at once.
+    """
+    limiter: Limiter = current_app.extensions[EXTENSION]
+    if not limiter.current_limits or g.get("ratelimit_uncounted", False):
+        raise LoginsPaused("Logins are paused for a moment: the gateway cannot count failed "
+                           "logins right now. Try again in a minute.")
 
 
 def give_back_login() -> None:
     """Take back the count of this request's login, which succeeded."""
     limiter: Limiter = current_app.extensions[EXTENSION]
     for spent in limiter.current_limits:
+        # The limit's arguments end with its scope ("<endpoint>:login-ip").
+        if not spent.request_args[-1].endswith(LOGIN_SCOPES):
+            continue  # the portal's limit counts requests, failed or not
         try:
             # Only into the window that counted it: a window that has ended
             # reads as untouched, and giving back there would credit the next
@@ -164,6 +273,27 @@ def give_back_login() -> None:
             # must not fail a login that went through.
             log.warning("could not give back a successful login's rate-limit count",
                         exc_info=True)
+
+
+def limit_portal(app: Flask, blueprints: Iterable[Blueprint], settings: Settings) -> None:
+    """One budget per source address for the portal routes anyone may call unsigned in.
+
+    The login pages and the providers' returns (``/login``, ``/login/callback``,
+    ``/logout``, every path of the OAuth blueprint, the OAuth callback among
+    them whatever its URL) answer visitors with no session; without a limit
+    one address could make the gateway do their work (a database read, a
+    provider call) as fast as it can send. The limit is set per blueprint,
+    not per path, so a route added to one is covered too. Health probes,
+    ``/metrics`` and Stripe's signed webhook are not in these blueprints.
+    """
+    limiter: Limiter = app.extensions[EXTENSION]
+    rate = settings.ratelimit_portal
+    for blueprint in blueprints:
+        limiter.shared_limit(
+            rate, PORTAL_SCOPE, key_func=source_address, on_breach=counted(PORTAL_SCOPE),
+            error_message="Too many requests from your address. Wait a minute, then "
+                          "try again.",
+        )(blueprint)
 
 
 def _not_a_login() -> bool:

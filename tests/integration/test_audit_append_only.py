@@ -90,6 +90,37 @@ def test_the_orm_cannot_delete_a_record(engine: Engine, event_id: int) -> None:
     assert stored(engine, event_id) == before
 
 
+# Inserts over a record: SQLite resolves REPLACE by deleting the old row
+# without firing its delete trigger, and an UPSERT turns into an update.
+OVERWRITES: dict[str, tuple[str, str]] = {
+    "insert-or-replace": ("sqlite", "INSERT OR REPLACE INTO audit_events"),
+    "replace-into": ("sqlite", "REPLACE INTO audit_events"),
+    "upsert": ("any", "INSERT INTO audit_events"),
+}
+COLUMNS = "(id, occurred_at, actor, action, target, source_ip, outcome, details)"
+FORGED_VALUES = ("VALUES (:id, :occurred_at, 'operator:someone-else', 'client.created', "
+                 "'cl_weather', NULL, 'failure', '{}')")
+UPSERT_CLAUSE = " ON CONFLICT (id) DO UPDATE SET actor = excluded.actor"
+
+
+@pytest.mark.parametrize("overwrite", OVERWRITES.values(), ids=OVERWRITES.keys())
+def test_an_insert_over_a_record_cannot_replace_it(
+    engine: Engine, event_id: int, overwrite: tuple[str, str],
+) -> None:
+    dialect, verb = overwrite
+    if dialect != "any" and engine.dialect.name != dialect:
+        pytest.skip(f"{verb.split(' INTO')[0]} is {dialect}'s own statement")
+    before = stored(engine, event_id)
+    statement = f"{verb} {COLUMNS} {FORGED_VALUES}"
+    if verb == "INSERT INTO audit_events":
+        statement += UPSERT_CLAUSE
+    with pytest.raises(IntegrityError, match="audit_events is append-only"), \
+            engine.begin() as connection:
+        connection.execute(text(statement), {"id": event_id,
+                                             "occurred_at": before.occurred_at})
+    assert stored(engine, event_id) == before
+
+
 def test_truncate_is_refused_on_postgresql(engine: Engine, event_id: int) -> None:
     if engine.dialect.name != "postgresql":
         pytest.skip("SQLite has no TRUNCATE; its DELETE without WHERE is refused above")

@@ -542,17 +542,6 @@ def _connect_forwarded(w: World) -> Expected:
     return Expected("identity_mismatch", w.user("bob"), elicitation_id, USER_IP, "denied")
 
 
-@case("provider's answer reaching a browser signed in to nobody")
-def _connect_no_session(w: World) -> Expected:
-    app, provider, api = w.oauth()
-    alices = w.browser(app)
-    assert alices.log_in("alice").status_code == 303
-    _, url = w.provider_url(api, alices, "alice")
-    back = urlsplit(provider.connect_login(url, "alice"))
-    assert w.browser(app).get(f"{back.path}?{back.query}").status_code == 400
-    return Expected("oauth.callback_refused", f"anonymous@{USER_IP}", None, USER_IP, "denied")
-
-
 @case("connection refreshed on a reveal")
 def _connection_refreshed(w: World) -> Expected:
     _, _, api, credential_id = w.connected()
@@ -583,6 +572,23 @@ def test_the_action_leaves_one_record_saying_who_what_target_where_and_outcome(
         expected.outcome)
     assert record.occurred_at.utcoffset() == timedelta(0)
     assert started <= record.occurred_at <= finished
+
+
+def test_an_answer_to_no_session_is_counted_not_recorded(world: World) -> None:
+    # Anyone can send a provider's return to a browser signed in to nobody: a
+    # record for each would let them fill the append-only trail. /metrics and
+    # the log count them instead.
+    app, provider, api = world.oauth()
+    alices = world.browser(app)
+    assert alices.log_in("alice").status_code == 303
+    _, url = world.provider_url(api, alices, "alice")
+    back = urlsplit(provider.connect_login(url, "alice"))
+    for _ in range(3):
+        assert world.browser(app).get(f"{back.path}?{back.query}").status_code == 400
+    assert world.records(Expected("oauth.callback_refused", f"anonymous@{USER_IP}", None,
+                                  USER_IP, "denied")) == []
+    metrics = client_for(app).get("/metrics").get_data(as_text=True)  # from loopback
+    assert 'gateway_oauth_callbacks_refused_total{reason="no-session"} 3.0' in metrics
 
 
 # --- what an operator reads ----------------------------------------------------------------

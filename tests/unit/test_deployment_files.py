@@ -119,6 +119,22 @@ def test_the_units_read_the_shared_settings_and_may_write_only_the_instance_fold
     assert unit["User"] == ["gateway"]
 
 
+ENV_FILE_MODE = re.compile(r"gateway\.env`?[ ,(]+(?:root:\w+, )?mode (0[0-7]{3})(?:, (root:\w+))?")
+
+
+@pytest.mark.parametrize("path", [WEB_UNIT, DEPLOYMENT / "README.md",
+                                  DEPLOYMENT.parent / "deployment.md"],
+                         ids=lambda path: path.name)
+def test_every_document_gives_the_environment_file_the_same_mode(path: Path) -> None:
+    # systemd reads the EnvironmentFile as root, before it drops to `gateway`:
+    # no group needs to read the secrets in it.
+    text = " ".join(path.read_text().split())
+    modes = ENV_FILE_MODE.findall(text)
+    assert modes, f"{path.name} does not say the environment file's mode"
+    assert {mode for mode, _ in modes} == {"0600"}
+    assert "root:gateway" not in text
+
+
 @pytest.mark.parametrize("path", [WEB_UNIT, WORKER_UNIT], ids=lambda path: path.stem)
 def test_systemd_accepts_the_units(path: Path, tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")

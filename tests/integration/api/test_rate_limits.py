@@ -139,4 +139,9 @@ def test_a_storage_outage_lets_the_api_answer(
         response = api.get("/api/v1/elicitations")
         assert response.status_code == 200
         assert "X-RateLimit-Remaining" not in response.headers
-    assert "Failed to rate limit" in caplog.text
+    # Said once, at error level, not a traceback per request; and counted.
+    [said] = [r for r in caplog.records if "rate-limit storage unreachable" in r.getMessage()]
+    assert said.levelname == "ERROR"
+    assert "Failed to rate limit" not in caplog.text
+    metrics = client_for(app).get("/metrics").get_data(as_text=True)  # from loopback
+    assert "gateway_rate_limit_storage_errors_total 3.0" in metrics

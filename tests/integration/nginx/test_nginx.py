@@ -173,14 +173,30 @@ def test_nginx_keeps_the_gateways_rules_on_plain_http_and_on_body_size(
                       headers={"Content-Type": "application/json"})
         api = plain.getresponse()
         api.read()
+        plain.request("POST", "/login", body=b"username=alice&password=pw",
+                      headers={"Content-Type": "application/x-www-form-urlencoded"})
+        form = plain.getresponse()
+        form.read()
     finally:
         plain.close()
-    # Over plain http a page is sent to https, and an API call is refused, not redirected.
+    # Over plain http a page is sent to https; an API call and a form are refused, not
+    # redirected (a redirect would drop the form, or send it again after it crossed in
+    # the clear).
     assert page.status == 301
     assert page.headers["Location"] == f"{edge.origin}/e/abc?x=1"
     assert api.status == 403
     assert api.headers["Content-Type"] == "application/problem+json"
     assert "Location" not in api.headers
+    assert form.status == 403
+    assert form.headers["Content-Type"].startswith("text/html")
+    assert "Location" not in form.headers
+
+    # What docs/deployment.md says of caching through nginx: pages never, static files
+    # (no secret in them) for an hour.
+    assert call(edge, certfile, "GET", "/login").headers["Cache-Control"] == "no-store"
+    static = call(edge, certfile, "GET", "/static/gateway.css")
+    assert static.status == 200
+    assert static.headers["Cache-Control"] == "public, max-age=3600"
 
     # A body the gateway accepts by size reaches it; one byte more is stopped by nginx.
     token = register().api_token

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -128,6 +129,43 @@ def test_the_expiry_is_utc_in_a_time_element_with_a_script_for_local_time(
     assert (f'<time datetime="{link["expires_at"]}" data-local-time>{expires_at:%H:%M} UTC</time>'
             " (in 15 minutes)") in page
     assert re.search(r'<script nonce="[^"]+" src="/static/localtime.js" defer></script>', page)
+
+
+SCRIPT = re.compile(r'<script nonce="[^"]+" src="/static/([a-z]+\.js)"')
+
+
+def test_only_the_pages_docs_security_md_names_carry_scripts(
+    alices: Browser, link_for: Callable[..., dict[str, Any]], bob: str,
+) -> None:
+    # docs/security.md, "Headers": the request page of an API key carries
+    # reveal.js and localtime.js; an OAuth connect page localtime.js alone
+    # (the same template, elicitation.html); the payment page and every
+    # other page none, under script-src 'none'.
+    link, bobs_link = link_for("alice"), link_for(bob)
+    request_page = alices.get(f"/e/{link['id']}").get_data(as_text=True)
+    assert SCRIPT.findall(request_page) == ["localtime.js", "reveal.js"]
+    others = {
+        "another's link": alices.get(f"/e/{bobs_link['id']}"),
+        "done": alices.post_form(f"/e/{link['id']}", {"action": "submit", "secret": KEY}),
+        "account": alices.get("/account"),
+        "start": alices.get("/"),
+        "not found": alices.get("/e/el_nosuchlinkatallhere000000"),
+        "log out": alices.get("/logout"),
+        "login": Browser(client_for(alices.client.application)).get("/login"),
+    }
+    for name, response in others.items():
+        assert "<script" not in response.get_data(as_text=True), name
+        assert "script-src 'none'" in response.headers["Content-Security-Policy"], name
+    templates = Path(alices.client.application.template_folder or "")
+    scripted = {path.name: sorted(set(re.findall(r"static_url\('([a-z]+\.js)'\)",
+                                                   path.read_text())))
+                for path in templates.glob("*.html") if ".js'" in path.read_text()}
+    assert scripted == {"_portal.html": ["localtime.js"],
+                        "elicitation_api_key.html": ["reveal.js"]}
+    # localtime.js comes with the expiry, which only elicitation.html shows.
+    assert [path.name for path in templates.glob("*.html")
+            if "expiry(" in path.read_text() and path.name != "_portal.html"] == [
+        "elicitation.html"]
 
 
 def test_the_article_before_a_key_follows_its_sound(

@@ -33,6 +33,30 @@ def test_api_over_plain_http_is_refused_not_redirected(app: Flask) -> None:
     assert "rotate" in body["detail"]
 
 
+@pytest.mark.parametrize("path", ["/login", "/e/abc", "/e/abc/connect", "/logout"])
+def test_a_form_over_plain_http_is_refused_not_redirected(app: Flask, path: str) -> None:
+    # A redirect would drop the form (301, 303) or send again over https what
+    # already crossed in the clear (307, 308): the page says what happened.
+    response = plain(app).post(path, data={"username": "alice", "password": "pw"})
+    assert response.status_code == 403
+    assert "Location" not in response.headers
+    assert response.mimetype == "text/html"
+    text = response.get_data(as_text=True)
+    assert "came over plain HTTP and was not processed" in text
+    assert "https://" in text
+
+
+def test_a_cross_site_form_is_refused_as_such_before_its_token_is_read(
+    client: FlaskClient,
+) -> None:
+    # Another site's form has no CSRF token of ours: the answer names the
+    # real reason, not the missing token.
+    response = client.post("/login", data={"username": "alice", "password": "pw"},
+                           headers={"Sec-Fetch-Site": "cross-site"})
+    assert response.status_code == 403
+    assert "sent from another site" in response.get_data(as_text=True)
+
+
 def test_health_probes_answer_over_plain_http(app: Flask) -> None:
     assert plain(app).get("/healthz").status_code == 200
 
