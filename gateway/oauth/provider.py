@@ -29,7 +29,12 @@ from joserfc import jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
-from gateway.credentials.catalog import CredentialType, OAuthProvider, current_catalog
+from gateway.credentials.catalog import (
+    CredentialType,
+    OAuthProvider,
+    current_catalog,
+    provider_url_problem,
+)
 from gateway.errors import GatewayError
 from gateway.identity.oidc import ALLOWED_ALGORITHMS, failed_claim
 from gateway.outbound import (
@@ -47,6 +52,7 @@ log = logging.getLogger(__name__)
 MAX_ANSWER: Final = 64 * 1024
 DISCOVERY_TTL_SECONDS: Final = 3600
 EXTENSION: Final = "gateway.oauth.providers"
+# Each type's redirect URI is this path and the type's id (redirect_uri_of).
 CALLBACK_PATH: Final = "/oauth/callback"
 # How a revocation's outcome begins when the provider gave no answer.
 NO_ANSWER: Final = "the provider did not answer"
@@ -62,6 +68,14 @@ class ProviderUnavailable(GatewayError):
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after)}
+
+
+class DiscoveryRefused(ProviderUnavailable):
+    """The provider's discovery document says something the gateway will not work with.
+
+    Not an outage: no retry makes it better until the provider or the
+    catalog changes, so ``gateway serve`` refuses to start on it.
+    """
 
 
 class GrantRefused(GatewayError):
@@ -86,6 +100,17 @@ class Endpoints:
     userinfo: str | None
     issuer: str | None
     jwks: str | None
+    # The discovery document promises ``iss`` in every authorization response (RFC 9207).
+    iss_parameter: bool = False
+
+
+def redirect_uri_of(public_url: str, type_id: str) -> str:
+    """The type's own redirect URI, registered with its provider alone.
+
+    One per type is the mix-up defence of RFC 9700 section 4.4.2: a return
+    at one type's URI is never taken for another provider's.
+    """
+    return f"{public_url}{CALLBACK_PATH}/{type_id}"
 
 
 class Provider:
@@ -95,7 +120,7 @@ class Provider:
         assert credential_type.oauth is not None
         self.type_id = credential_type.id
         self.config: OAuthProvider = credential_type.oauth
-        self.redirect_uri = settings.public_url + CALLBACK_PATH
+        self.redirect_uri = redirect_uri_of(settings.public_url, credential_type.id)
         self._policy = OutboundPolicy.from_settings(settings)
         self._lock = threading.Lock()
         self._endpoints: Endpoints | None = None
@@ -230,8 +255,8 @@ class Provider:
 
     # --- discovery ----------------------------------------------------------------------
 
-    def endpoints(self) -> Endpoints:
-        """The endpoints; with an ``issuer``, discovered once an hour."""
+    def endpoints(self, timeout: float | None = None) -> Endpoints:
+        """The endpoints; with an ``issuer``, discovered once an hour (within ``timeout``)."""
         config = self.config
         if config.issuer is None:
             assert config.authorization_url is not None
@@ -242,40 +267,64 @@ class Provider:
             if self._endpoints is not None and \
                     time.monotonic() - self._discovered_at < DISCOVERY_TTL_SECONDS:
                 return self._endpoints
-        found = self._discover(config.issuer)
+        found = self._discover(config.issuer, timeout)
         with self._lock:
             self._endpoints, self._discovered_at = found, time.monotonic()
         return found
 
-    def _discover(self, issuer: str) -> Endpoints:
-        document = self._get_json(f"{issuer.rstrip('/')}/.well-known/openid-configuration")
+    def _discover(self, issuer: str, timeout: float | None = None) -> Endpoints:
+        document = self._get_json(f"{issuer.rstrip('/')}/.well-known/openid-configuration",
+                                  timeout=timeout)
         # OpenID Connect Discovery 1.0, section 4.3: the document must name
         # exactly the issuer asked for, or it may be someone else's.
         if document.get("issuer") != issuer:
-            raise ProviderUnavailable(f"{self._name()}'s discovery document names another "
-                                      "issuer")
+            raise self._refused("names another issuer")
+        # RFC 9700 section 2.1.1: a provider says it supports PKCE by listing
+        # the method; one that does not may ignore the challenge, and the code
+        # would then be usable by whoever intercepts it.
+        methods = document.get("code_challenge_methods_supported")
+        if not isinstance(methods, list) or "S256" not in methods:
+            raise self._refused("does not list S256 in code_challenge_methods_supported (PKCE "
+                                "S256 is required)")
         config = self.config
 
         def endpoint(setting: str | None, key: str) -> str | None:
-            value = setting or document.get(key)
-            return value if isinstance(value, str) and value else None
+            if setting is not None:
+                return setting  # from the catalog, checked when it was loaded
+            value = document.get(key)
+            if value is None:
+                return None
+            if not isinstance(value, str):
+                raise self._refused(f"gives a {key} that is not a string")
+            # The same rule as for the catalog's URLs: a discovered endpoint
+            # reaches the browser's redirect and the connect page's CSP.
+            problem = provider_url_problem(value, self._policy.allows_insecure)
+            if problem is not None:
+                raise self._refused(f"gives a {key} that {problem}")
+            return value
 
         authorization = endpoint(config.authorization_url, "authorization_endpoint")
         token = endpoint(config.token_url, "token_endpoint")
         if authorization is None or token is None:
-            raise ProviderUnavailable(f"{self._name()}'s discovery document lacks its "
-                                      "authorization or token endpoint")
+            raise self._refused("lacks its authorization or token endpoint")
         return Endpoints(authorization, token,
                          endpoint(config.revocation_url, "revocation_endpoint"),
                          endpoint(config.userinfo_url, "userinfo_endpoint"), issuer,
-                         endpoint(None, "jwks_uri"))
+                         endpoint(None, "jwks_uri"),
+                         document.get("authorization_response_iss_parameter_supported") is True)
+
+    def _refused(self, problem: str) -> DiscoveryRefused:
+        # A setting to change, at the provider or in the catalog: an error, not a warning.
+        log.error("%s: the discovery document %s", self.type_id, problem)
+        return DiscoveryRefused(f"{self._name()}'s discovery document {problem}")
 
     def _get_json(self, url: str, what: str = "discovery",
-                  headers: dict[str, str] | None = None) -> dict[str, Any]:
+                  headers: dict[str, str] | None = None,
+                  timeout: float | None = None) -> dict[str, Any]:
         """A JSON object from the provider; ``what`` names the request in the log."""
         with self._http() as http:
             try:
-                answer = http.get(url, timeout=self._timeout(),
+                answer = http.get(url, timeout=(timeout, timeout) if timeout else self._timeout(),
                                   headers={"Accept": "application/json", **(headers or {})})
                 answer.raise_for_status()
                 document = answer.json()

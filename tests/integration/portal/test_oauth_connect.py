@@ -2,7 +2,7 @@
 
 The provider in tests/oidc plays the third party (``connect-app``): the
 gateway's connect page sends the browser there, the test logs in and allows
-at the provider, and brings the redirect back to ``/oauth/callback``.
+at the provider, and brings the redirect back to ``/oauth/callback/example``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 from flask import Flask
@@ -248,7 +248,7 @@ def test_a_code_is_exchanged_once_and_a_state_used_once(
 
 
 def test_unknown_state_is_refused(alices: Browser, app: Flask) -> None:
-    refused = alices.get("/oauth/callback?code=abc&state=made-up")
+    refused = alices.get("/oauth/callback/example?code=abc&state=made-up")
     assert refused.status_code == 400
     assert "does not belong" in refused.get_data(as_text=True)
     assert rows(app, Credential) == []
@@ -274,7 +274,9 @@ def test_another_provider_error_leaves_the_link_open(
     link = connection_for("alice")
     authorize = start(alices, link["id"])
     state = parse_qs(urlsplit(authorize).query)["state"][0]
-    page = alices.get(f"/oauth/callback?error=temporarily_unavailable&state={state}")
+    # As the provider would send it: with its issuer (RFC 9207 covers error responses too).
+    page = alices.get("/oauth/callback/example?" + urlencode({
+        "error": "temporarily_unavailable", "state": state, "iss": oidc_provider.issuer}))
     assert page.status_code == 400
     text = page.get_data(as_text=True)
     assert "busy just now" in text
