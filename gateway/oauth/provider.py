@@ -294,14 +294,13 @@ class Provider:
             value = document.get(key)
             if value is None:
                 return None
-            if not isinstance(value, str):
-                raise self._refused(f"gives a {key} that is not a string")
             # The same rule as for the catalog's URLs: a discovered endpoint
             # reaches the browser's redirect and the connect page's CSP.
-            problem = provider_url_problem(value, self._policy.allows_insecure)
+            problem = provider_url_problem(value, self._policy.allows_insecure) \
+                if isinstance(value, str) else "is not a string"
             if problem is not None:
-                raise self._refused(f"gives a {key} that {problem}")
-            return value
+                raise self._refused(f"is refused: its {key} {problem}")
+            return str(value)
 
         authorization = endpoint(config.authorization_url, "authorization_endpoint")
         token = endpoint(config.token_url, "token_endpoint")
