@@ -147,9 +147,8 @@ def oauth_problems(settings: Settings) -> list[Problem]:
             found.append(Problem(where, f"{error.detail}; fix the provider or the credential "
                                  "type", refuses_start=True))
         except ProviderUnavailable as error:
-            found.append(Problem(where, f"{error.detail}; nobody can connect a "
-                                 f"{credential_type.label} until it answers",
-                                 refuses_start=False))
+            found.append(Problem(where, f"{error.detail}; no {credential_type.label} can be "
+                                 "connected until it answers", refuses_start=False))
     return found
 
 
