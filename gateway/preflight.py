@@ -142,7 +142,7 @@ def oauth_problems(settings: Settings) -> list[Problem]:
             continue
         where = f"[{credential_type.id}.oauth] issuer"
         try:
-            Provider(credential_type, settings).endpoints(timeout=ISSUER_TIMEOUT_SECONDS)
+            Provider(credential_type, settings).discover(ISSUER_TIMEOUT_SECONDS)
         except DiscoveryRefused as error:
             found.append(Problem(where, f"{error.detail}; fix the provider or the credential "
                                  "type", refuses_start=True))

@@ -255,8 +255,8 @@ class Provider:
 
     # --- discovery ----------------------------------------------------------------------
 
-    def endpoints(self, timeout: float | None = None) -> Endpoints:
-        """The endpoints; with an ``issuer``, discovered once an hour (within ``timeout``)."""
+    def endpoints(self) -> Endpoints:
+        """The endpoints; with an ``issuer``, discovered once an hour."""
         config = self.config
         if config.issuer is None:
             assert config.authorization_url is not None
@@ -267,12 +267,24 @@ class Provider:
             if self._endpoints is not None and \
                     time.monotonic() - self._discovered_at < DISCOVERY_TTL_SECONDS:
                 return self._endpoints
-        found = self._discover(config.issuer, timeout)
+        try:
+            found = self.discover()
+        except DiscoveryRefused as refused:
+            # A setting to change, at the provider or in the catalog: an error, not a warning.
+            log.error("%s: %s", self.type_id, refused.detail)
+            raise
         with self._lock:
             self._endpoints, self._discovered_at = found, time.monotonic()
         return found
 
-    def _discover(self, issuer: str, timeout: float | None = None) -> Endpoints:
+    def discover(self, timeout: float | None = None) -> Endpoints:
+        """The issuer's discovery document, fetched now (within ``timeout``) and checked.
+
+        Raises :class:`DiscoveryRefused` for a document the gateway will not
+        work with, :class:`ProviderUnavailable` for no usable answer.
+        """
+        issuer = self.config.issuer
+        assert issuer is not None
         document = self._get_json(f"{issuer.rstrip('/')}/.well-known/openid-configuration",
                                   timeout=timeout)
         # OpenID Connect Discovery 1.0, section 4.3: the document must name
@@ -313,8 +325,6 @@ class Provider:
                          document.get("authorization_response_iss_parameter_supported") is True)
 
     def _refused(self, problem: str) -> DiscoveryRefused:
-        # A setting to change, at the provider or in the catalog: an error, not a warning.
-        log.error("%s: the discovery document %s", self.type_id, problem)
         return DiscoveryRefused(f"{self._name()}'s discovery document {problem}")
 
     def _get_json(self, url: str, what: str = "discovery",
