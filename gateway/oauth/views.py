@@ -152,6 +152,14 @@ def callback(type_id: str) -> Page:
         # tokens nobody will ever reveal must not stay valid at the provider.
         _discard(provider, answer, stored, subject, "link-ended")
         return ended(stored)
+    if db.session().get(Credential, credential.id) is None:
+        # Another return (another tab) completed the link first. Its tokens
+        # come from the same grant at the provider, which many providers
+        # revoke as a whole: revoking these would end the connection just
+        # stored. They are dropped here, never stored or shown.
+        _discard(provider, answer, stored, subject, "completed-by-another-return",
+                 revoke=False)
+        return ended(stored)
     return pages.connected_page(stored, credential_type, credential)
 
 
@@ -169,9 +177,10 @@ def _sealed(elicitation: Elicitation, credential_type: CredentialType, provider:
 
 
 def _discard(provider: Provider, answer: dict[str, Any], elicitation: Elicitation,
-             subject: Subject, reason: str) -> None:
+             subject: Subject, reason: str, *, revoke: bool = True) -> None:
     """Revoke at the provider the tokens of an answer that is not stored, and audit it."""
-    outcome = revoke_tokens(provider, tokens.token_set_of(answer))
+    outcome = revoke_tokens(provider, tokens.token_set_of(answer)) if revoke else \
+        "not revoked: the stored connection may share their grant"
     with db.transaction() as session:
         audit.record(session, current_clock(), actor=actor_of(subject),
                      action="oauth.tokens_discarded", target=elicitation.id,

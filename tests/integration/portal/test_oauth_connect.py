@@ -533,3 +533,29 @@ def test_tokens_for_a_link_cancelled_during_the_exchange_are_revoked_not_stored(
     [discarded] = rows(app, AuditEvent, AuditEvent.action == "oauth.tokens_discarded")
     assert discarded.details == {"reason": "link-ended",
                                  "provider_revocation": "revoked at the provider"}
+
+
+def test_of_two_tabs_returning_at_once_one_connection_is_kept_and_still_works(
+    app: Flask, alices: Browser, connection_for: Callable[..., dict[str, Any]],
+    oidc_provider: OidcProvider,
+) -> None:
+    link = connection_for("alice")
+    session = new_session()  # one browser at the provider: signed in once
+    first = oidc_provider.connect_login(start(alices, link["id"]), "alice", session=session)
+    second = oidc_provider.connect_login(start(alices, link["id"]), None, session=session)
+    oidc_provider.set_connect(token_fault="slow", slow_seconds=1)
+    with ThreadPoolExecutor(2) as pool:
+        pages = [page.get_data(as_text=True) for page in
+                 pool.map(alices.get, [path_of(first), path_of(second)])]
+    assert sum("is connected" in page for page in pages) == 1
+    assert sum("This request is complete" in page for page in pages) == 1
+    [credential] = rows(app, Credential)
+    assert status_of(app, link["id"]) == "completed"
+    # The loser's tokens share the winner's grant at the provider: revoking
+    # them would end the connection just stored, so they are only dropped.
+    assert revocations(oidc_provider) == []
+    [discarded] = rows(app, AuditEvent, AuditEvent.action == "oauth.tokens_discarded")
+    assert discarded.details["reason"] == "completed-by-another-return"
+    with app.app_context():
+        kept = reveal_token_set(current_keyring(), credential)
+    assert oidc_provider.connect_refresh(kept.refresh_token).status_code == 200
