@@ -29,6 +29,7 @@ from gateway.identity.web import actor_of, browser_binding, current_subject, sig
 from gateway.oauth import pages, service, states, tokens
 from gateway.oauth.provider import (
     CALLBACK_PATH,
+    Endpoints,
     GrantRefused,
     Provider,
     ProviderUnavailable,
@@ -111,22 +112,7 @@ def callback(type_id: str) -> Page:
         raise NotFound("No kind of account is connected at this address.")
     # Discovered before the transaction (the provider may take a moment): the
     # issuer that an ``iss`` must name.
-    endpoints = provider.endpoints()
-    with db.transaction() as session:
-        claimed = states.claim(session, current_clock(), pepper, state,
-                                browser_binding(pepper))
-        # The check at finish: the user of this browser is still the one the
-        # link was made for.
-        elicitation = open_for(session, subject, claimed.id)
-        mix_up = service.mix_up(elicitation, type_id, endpoints, request.args.get("iss"))
-        if mix_up is not None:
-            audit.record(session, current_clock(), actor=actor_of(subject),
-                         action="oauth.callback_refused", outcome="denied",
-                         target=elicitation.id, source_ip=request.remote_addr,
-                         details=mix_up.details)
-    if mix_up is not None:
-        log.warning("%s: a return refused as a mix-up: %s", type_id, mix_up.details["reason"])
-        raise CallbackRefused(mix_up.text)
+    elicitation = _claimed(subject, type_id, provider.endpoints(), state)
     if elicitation.status in TERMINAL:
         return ended(elicitation)
     credential_type = pages.connection_type(elicitation)
@@ -141,8 +127,35 @@ def callback(type_id: str) -> Page:
         answer = provider.exchange(code, secret.verifier)
     except (GrantRefused, ProviderUnavailable) as failure:
         return _try_again(elicitation, subject, f"{failure.detail} Nothing was stored.")
+    return _finish(elicitation, subject, credential_type, provider, answer, secret.nonce)
+
+
+def _claimed(subject: Subject, type_id: str, endpoints: Endpoints, state: str) -> Elicitation:
+    """Use up the state for this browser and user; refuse (audited) a mix-up."""
+    pepper = current_settings().token_pepper
+    with db.transaction() as session:
+        claimed = states.claim(session, current_clock(), pepper, state,
+                               browser_binding(pepper))
+        # The check at finish: the user of this browser is still the one the
+        # link was made for.
+        elicitation = open_for(session, subject, claimed.id)
+        mix_up = service.mix_up(elicitation, type_id, endpoints, request.args.get("iss"))
+        if mix_up is not None:
+            audit.record(session, current_clock(), actor=actor_of(subject),
+                         action="oauth.callback_refused", outcome="denied",
+                         target=elicitation.id, source_ip=request.remote_addr,
+                         details=mix_up.details)
+    if mix_up is not None:
+        log.warning("%s: a return refused as a mix-up: %s", type_id, mix_up.details["reason"])
+        raise CallbackRefused(mix_up.text)
+    return elicitation
+
+
+def _finish(elicitation: Elicitation, subject: Subject, credential_type: CredentialType,
+            provider: Provider, answer: dict[str, Any], nonce: str) -> Page:
+    """Check and store a token answer, completing the link; revoke what is not stored."""
     try:
-        credential = _sealed(elicitation, credential_type, provider, answer, secret.nonce)
+        credential = _sealed(elicitation, credential_type, provider, answer, nonce)
     except (GrantRefused, ProviderUnavailable) as failure:
         _discard(provider, answer, elicitation, subject, "refused")
         return _try_again(elicitation, subject, f"{failure.detail} Nothing was stored.")
