@@ -20,7 +20,7 @@ Connections run one after another, each as an MCP server and a user would
 make it: the elicitation created through the API; its page opened in the
 signed-in browser (one login for the run) and Connect pressed; the login
 and consent at the provider; then the provider's redirect to
-``/oauth/callback`` followed, on a new connection (a user's minutes at the
+``/oauth/callback/<type>`` followed, on a new connection (a user's minutes at the
 provider outlast the gateway's keep-alive). Measured per connection, from
 just before that request: until the browser has the answer (the code
 exchanged, userinfo read, the tokens sealed, stored and the elicitation
@@ -226,7 +226,7 @@ def to_the_provider_and_back(parties: Parties, provider: OidcProvider) -> tuple[
                                       session=new_session())
     except OidcLoginError as error:
         raise servers.BenchSetupError("the login at the provider failed", str(error)) from None
-    if not back.startswith(f"{base_url}/oauth/callback?"):
+    if not back.startswith(f"{base_url}/oauth/callback/{CREDENTIAL_TYPE}?"):
         raise servers.BenchSetupError(f"the provider sent the browser to {back[:200]}")
     return str(created["id"]), back
 
@@ -267,7 +267,7 @@ def connect_once(parties: Parties, provider: OidcProvider,
     sent = time.monotonic()
     answer = parties.browser.get(callback, allow_redirects=False, timeout=HTTP_TIMEOUT_S)
     answered = time.monotonic()
-    if "is connected" not in expect(answer, 200, "GET /oauth/callback").text:
+    if "is connected" not in expect(answer, 200, f"GET /oauth/callback/{CREDENTIAL_TYPE}").text:
         raise servers.BenchSetupError("the callback's page does not say the account is "
                                       "connected", answer.text[:2000])
     received = arrival(receiver, elicitation_id)
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             folder = Path(scratch)
             environ = instance_environ(folder, provider, receiver_host, database_url)
             public_url = environ["GATEWAY_PUBLIC_URL"]
-            provider.add_connect_redirect_uri(f"{public_url}/oauth/callback")
+            provider.add_connect_redirect_uri(f"{public_url}/oauth/callback/{CREDENTIAL_TYPE}")
             servers.init_instance(environ, folder)
             options = servers.gateway_options(urlsplit(public_url).port or 443, WORKERS,
                                               THREADS, folder / "instance")

@@ -5,7 +5,8 @@ provider's issuer, each credential type's live check, each client's webhook
 URL. Held against the outbound guard's own rules (:meth:`OutboundPolicy.check_url`,
 no lookup), a refused one is found once, here, with the setting to change,
 instead of being logged in passing at some user's login, key or webhook.
-The identity provider is also asked for its discovery document, briefly.
+The identity provider, and each OAuth type's provider named by an issuer,
+are also asked for their discovery documents, briefly.
 
 What refuses to start and what only warns:
 
@@ -15,6 +16,10 @@ What refuses to start and what only warns:
   that type could be stored, and the catalog is validated at start anyway;
 - an identity provider that does not answer, or answers wrongly, warns: it may
   be starting as well, and every login asks it again;
+- an OAuth type's discovery document that the gateway will not work with
+  (an endpoint that breaks the provider URL rule, no PKCE S256) refuses: no
+  user could connect that type until the provider or the catalog changes;
+  a provider that does not answer warns, as the identity provider does;
 - a client's webhook URL the guard refuses warns: one client's registration
   must not stop the gateway for every other, and
   ``gateway clients set-webhook-url`` fixes it while the gateway runs.
@@ -33,6 +38,7 @@ from gateway.clients.models import Client
 from gateway.credentials.catalog import CatalogError, catalog_of, catalog_path
 from gateway.db import for_reads
 from gateway.identity import oidc
+from gateway.oauth.provider import DiscoveryRefused, Provider, ProviderUnavailable
 from gateway.outbound import BlockedDestination, OutboundPolicy
 from gateway.settings import Settings, env_name
 
@@ -59,7 +65,8 @@ class Problem:
 
 def problems(settings: Settings, policy: OutboundPolicy, engine: Engine | None) -> list[Problem]:
     """Every problem below; the webhook URLs only with a database to read them from."""
-    found = [*issuer_problems(settings, policy, reach=True), *catalog_problems(settings, policy)]
+    found = [*issuer_problems(settings, policy, reach=True), *catalog_problems(settings, policy),
+             *oauth_problems(settings)]
     if engine is not None:
         found += webhook_problems(engine, policy)
     return found
@@ -117,6 +124,31 @@ def catalog_problems(settings: Settings, policy: OutboundPolicy) -> list[Problem
                 f"[{credential_type.id}.check] url in {where}",
                 f"the outbound guard refuses {error.destination} ({error.reason}), so no "
                 f"{credential_type.label} can be checked, and none stored", refuses_start=True))
+    return found
+
+
+def oauth_problems(settings: Settings) -> list[Problem]:
+    """Each OAuth type with an issuer: its discovery document, asked for once, briefly.
+
+    A catalog that does not load is :func:`catalog_problems`' to report.
+    """
+    try:
+        catalog = catalog_of(settings)
+    except CatalogError:
+        return []
+    found = []
+    for credential_type in catalog:
+        if credential_type.oauth is None or credential_type.oauth.issuer is None:
+            continue
+        where = f"[{credential_type.id}.oauth] issuer"
+        try:
+            Provider(credential_type, settings).discover(ISSUER_TIMEOUT_SECONDS)
+        except DiscoveryRefused as error:
+            found.append(Problem(where, f"{error.detail}; fix the provider or the credential "
+                                 "type", refuses_start=True))
+        except ProviderUnavailable as error:
+            found.append(Problem(where, f"{error.detail}; no {credential_type.label} can be "
+                                 "connected until it answers", refuses_start=False))
     return found
 
 

@@ -21,7 +21,7 @@ from gateway.credentials.service import binding as credential_binding
 from gateway.db import for_reads, make_engine
 from gateway.elicitations.lifecycle import Status
 from gateway.elicitations.models import Elicitation
-from gateway.oauth.provider import CALLBACK_PATH
+from gateway.oauth.provider import redirect_uri_of
 from gateway.oauth.refresh import CLIENT_REFUSED
 from gateway.outbound import OutboundPolicy
 from gateway.pagination import timestamp
@@ -71,13 +71,13 @@ def collect() -> dict[str, Any]:
 
 
 def _oauth(settings: Settings) -> dict[str, Any]:
-    """The one redirect URI to register with every provider, and the OAuth types using it."""
-    found: dict[str, Any] = {"redirect_uri": settings.public_url + CALLBACK_PATH}
+    """The OAuth types, and the redirect URI to register with each one's provider."""
     try:
-        found["types"] = catalog_of(settings).ids_of("oauth")
+        types = catalog_of(settings).ids_of("oauth")
     except (CatalogError, SettingsError) as error:
-        found["error"] = str(error)
-    return found
+        return {"error": str(error)}
+    return {"types": types, "redirect_uris": {
+        type_id: redirect_uri_of(settings.public_url, type_id) for type_id in types}}
 
 
 def _configuration_problems(settings: Settings, *, with_clients: bool) -> list[preflight.Problem]:
@@ -272,5 +272,8 @@ def _print_figures(report: dict[str, Any]) -> None:
     if "error" in oauth:
         _line("oauth", oauth["error"], "red")
     else:
-        _line("oauth", f"redirect URI {oauth['redirect_uri']} (register it with every "
-              f"provider); types: {', '.join(oauth['types']) or 'none'}")
+        if not oauth["types"]:
+            _line("oauth", "no OAuth types in the catalog")
+        for type_id, uri in oauth["redirect_uris"].items():
+            _line("oauth", f"{type_id}: redirect URI {uri} (register it with this type's "
+                  "provider alone)")

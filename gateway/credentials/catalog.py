@@ -7,6 +7,7 @@ than failing later on some user's page.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tomllib
@@ -306,22 +307,87 @@ def _parse_oauth(where: str, table: Any, context: _Context) -> OAuthProvider:
 
 
 def _endpoint(where: str, table: dict[str, Any], key: str, context: _Context) -> str | None:
-    """An https URL; plain http only to a development host the outbound policy lists."""
+    """A provider URL from the catalog, held to :func:`provider_url_problem`."""
     url = _string(where, table, key)
     if url is None:
         return None
-    parts = urlsplit(url)
-    try:
-        port = parts.port or DEFAULT_PORTS.get(parts.scheme, 0)
-    except ValueError:
-        raise CatalogError(f"{where}: {key} has an invalid port") from None
-    secure = parts.scheme == "https" or (
-        parts.scheme == "http" and context.allows_insecure(parts.hostname or "", port))
-    if not secure or not parts.hostname or parts.fragment:
-        raise CatalogError(f"{where}: {key} must be an https:// URL without a fragment (plain "
-                           "http only to a host listed in GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS,"
-                           " for development)")
+    problem = provider_url_problem(url, context.allows_insecure)
+    if problem is not None:
+        raise CatalogError(f"{where}: {key} {problem}")
     return url
+
+
+# RFC 3986's characters without ';': a provider URL reaches a Location header
+# and, as its origin, the connect page's Content-Security-Policy, where a ';'
+# would start a directive of the provider's choosing. No space, quote, control
+# or non-ASCII character either.
+_URL_CHARACTERS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,=%]+")
+_HOST_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+_INSECURE_HINT: Final = ("must be an https:// URL (plain http only to a host listed in "
+                         "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS, for development)")
+
+
+def provider_url_problem(url: str, allows_insecure: InsecureCheck) -> str | None:
+    """What makes ``url`` unfit as an OAuth provider's endpoint or issuer; None when fit.
+
+    The one rule for every provider URL, from the catalog or from a discovery
+    document: https (plain http only to a development host), a strict host
+    name or address, an optional port, no user name or password, no fragment,
+    and nothing a header or a policy could be split at. The answer completes
+    a sentence whose subject names the URL's field.
+    """
+    if not _URL_CHARACTERS.fullmatch(url):
+        return ("holds a character a provider URL may not (such as a space, ';', '\"', a "
+                "control or non-ASCII character)")
+    parts = urlsplit(url)
+    if parts.scheme not in ("https", "http"):
+        return _INSECURE_HINT
+    if "@" in parts.netloc:
+        return "may not carry a user name or password"
+    try:
+        port = parts.port
+    except ValueError:
+        return "has an invalid port"
+    if port == 0:
+        return "has an invalid port"
+    host = parts.hostname or ""
+    if not _valid_host(host):
+        return "has no valid host name"
+    if parts.netloc.lower() != _netloc(host, port):
+        return "has an invalid host or port"
+    if parts.scheme == "http" and not allows_insecure(host, port or DEFAULT_PORTS["http"]):
+        return _INSECURE_HINT
+    if parts.fragment or url.endswith("#"):
+        return "may not have a fragment (#...)"
+    return None
+
+
+def origin_of(url: str) -> str:
+    """``scheme://host[:port]`` of a URL that passed :func:`provider_url_problem`.
+
+    Built from the parsed parts, never cut from the text: this is what a
+    Content-Security-Policy source may hold.
+    """
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port
+    if port == DEFAULT_PORTS.get(parts.scheme):
+        port = None
+    return f"{parts.scheme}://{_netloc(host, port)}"
+
+
+def _valid_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        labels = host.split(".")
+        return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+    return True
+
+
+def _netloc(host: str, port: int | None) -> str:
+    bracketed = f"[{host}]" if ":" in host else host
+    return bracketed if port is None else f"{bracketed}:{port}"
 
 
 def _client_secret(where: str, table: dict[str, Any],

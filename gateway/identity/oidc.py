@@ -278,8 +278,10 @@ def failed_claim(claims: dict[str, Any], *, issuer: str, client_id: str, nonce: 
     checks = [
         (claims.get("iss") == issuer, "issuer"),
         (isinstance(audiences, list) and client_id in audiences, "audience"),
-        (not isinstance(audiences, list) or len(audiences) == 1
-         or claims.get("azp") == client_id, "authorized party"),
+        # azp, when present, must be us; with several audiences it must be present.
+        (claims.get("azp") == client_id if "azp" in claims or (
+            isinstance(audiences, list) and len(audiences) > 1) else True,
+         "authorized party"),
         (_time(claims.get("exp")) is not None
          and now < _time(claims.get("exp")) + CLOCK_SKEW, "expiry"),  # type: ignore[operator]
         (_time(claims.get("iat")) is not None

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from flask import render_template
 
-from gateway.credentials.catalog import CredentialType, current_catalog
+from gateway.credentials.catalog import CredentialType, current_catalog, origin_of
 from gateway.credentials.models import Credential
 from gateway.credentials.service import missing_scopes
 from gateway.elicitations.models import Elicitation
@@ -47,9 +47,11 @@ def connect_page(context: dict[str, Any], credential_type: CredentialType) -> st
     except ProviderUnavailable as unavailable:
         authorization, error = None, error or unavailable.detail
     if authorization is not None:
-        parts = urlsplit(authorization)
-        host = parts.netloc
-        csp_allow_here("form-action", f"{parts.scheme}://{parts.netloc}")
+        # The source is rebuilt from the parsed scheme, host and port: no
+        # character of the provider's choosing reaches the policy.
+        origin = origin_of(authorization)
+        host = urlsplit(origin).netloc
+        csp_allow_here("form-action", origin)
     return render_template("elicitation_oauth.html",
                            **{**context, "error": error, "provider_host": host,
                               "asked": f"access to your {credential_type.label}",

@@ -34,7 +34,12 @@ from joserfc import jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
-from gateway.credentials.catalog import CredentialType, OAuthProvider, current_catalog
+from gateway.credentials.catalog import (
+    CredentialType,
+    OAuthProvider,
+    current_catalog,
+    provider_url_problem,
+)
 from gateway.errors import GatewayError
 from gateway.identity.oidc import ALLOWED_ALGORITHMS, failed_claim
 from gateway.outbound import (
@@ -52,6 +57,7 @@ log = logging.getLogger(__name__)
 MAX_ANSWER: Final = 64 * 1024
 DISCOVERY_TTL_SECONDS: Final = 3600
 EXTENSION: Final = "gateway.oauth.providers"
+# Each type's redirect URI is this path and the type's id (redirect_uri_of).
 CALLBACK_PATH: Final = "/oauth/callback"
 # How a revocation's outcome begins when the provider gave no answer.
 NO_ANSWER: Final = "the provider did not answer"
@@ -95,6 +101,14 @@ class UnusableAnswer(ValueError):
     """A token answer with a field that is missing, of the wrong type, or not allowed."""
 
 
+class DiscoveryRefused(ProviderUnavailable):
+    """The provider's discovery document says something the gateway will not work with.
+
+    Not an outage: no retry makes it better until the provider or the
+    catalog changes, so ``gateway serve`` refuses to start on it.
+    """
+
+
 class GrantRefused(GatewayError):
     """The provider refused the grant (``invalid_grant``): the user must connect again."""
 
@@ -117,6 +131,17 @@ class Endpoints:
     userinfo: str | None
     issuer: str | None
     jwks: str | None
+    # The discovery document promises ``iss`` in every authorization response (RFC 9207).
+    iss_parameter: bool = False
+
+
+def redirect_uri_of(public_url: str, type_id: str) -> str:
+    """The type's own redirect URI, registered with its provider alone.
+
+    One per type is the mix-up defence of RFC 9700 section 4.4.2: a return
+    at one type's URI is never taken for another provider's.
+    """
+    return f"{public_url}{CALLBACK_PATH}/{type_id}"
 
 
 class Provider:
@@ -126,7 +151,7 @@ class Provider:
         assert credential_type.oauth is not None
         self.type_id = credential_type.id
         self.config: OAuthProvider = credential_type.oauth
-        self.redirect_uri = settings.public_url + CALLBACK_PATH
+        self.redirect_uri = redirect_uri_of(settings.public_url, credential_type.id)
         self._policy = OutboundPolicy.from_settings(settings)
         self._lock = threading.Lock()
         self._endpoints: Endpoints | None = None
@@ -298,40 +323,73 @@ class Provider:
             if self._endpoints is not None and \
                     time.monotonic() - self._discovered_at < DISCOVERY_TTL_SECONDS:
                 return self._endpoints
-        found = self._discover(config.issuer)
+        try:
+            found = self.discover()
+        except DiscoveryRefused as refused:
+            # A setting to change, at the provider or in the catalog: an error, not a warning.
+            log.error("%s: %s", self.type_id, refused.detail)
+            raise
         with self._lock:
             self._endpoints, self._discovered_at = found, time.monotonic()
         return found
 
-    def _discover(self, issuer: str) -> Endpoints:
-        document = self._get_json(f"{issuer.rstrip('/')}/.well-known/openid-configuration")
+    def discover(self, timeout: float | None = None) -> Endpoints:
+        """The issuer's discovery document, fetched now (within ``timeout``) and checked.
+
+        Raises :class:`DiscoveryRefused` for a document the gateway will not
+        work with, :class:`ProviderUnavailable` for no usable answer.
+        """
+        issuer = self.config.issuer
+        assert issuer is not None
+        document = self._get_json(f"{issuer.rstrip('/')}/.well-known/openid-configuration",
+                                  timeout=timeout)
         # OpenID Connect Discovery 1.0, section 4.3: the document must name
         # exactly the issuer asked for, or it may be someone else's.
         if document.get("issuer") != issuer:
-            raise ProviderUnavailable(f"{self._name()}'s discovery document names another "
-                                      "issuer")
+            raise self._refused("names another issuer")
+        # RFC 9700 section 2.1.1: a provider says it supports PKCE by listing
+        # the method; one that does not may ignore the challenge, and the code
+        # would then be usable by whoever intercepts it.
+        methods = document.get("code_challenge_methods_supported")
+        if not isinstance(methods, list) or "S256" not in methods:
+            raise self._refused("does not list S256 in code_challenge_methods_supported (PKCE "
+                                "S256 is required)")
         config = self.config
 
         def endpoint(setting: str | None, key: str) -> str | None:
-            value = setting or document.get(key)
-            return value if isinstance(value, str) and value else None
+            if setting is not None:
+                return setting  # from the catalog, checked when it was loaded
+            value = document.get(key)
+            if value is None:
+                return None
+            # The same rule as for the catalog's URLs: a discovered endpoint
+            # reaches the browser's redirect and the connect page's CSP.
+            problem = provider_url_problem(value, self._policy.allows_insecure) \
+                if isinstance(value, str) else "is not a string"
+            if problem is not None:
+                raise self._refused(f"is refused: its {key} {problem}")
+            return str(value)
 
         authorization = endpoint(config.authorization_url, "authorization_endpoint")
         token = endpoint(config.token_url, "token_endpoint")
         if authorization is None or token is None:
-            raise ProviderUnavailable(f"{self._name()}'s discovery document lacks its "
-                                      "authorization or token endpoint")
+            raise self._refused("lacks its authorization or token endpoint")
         return Endpoints(authorization, token,
                          endpoint(config.revocation_url, "revocation_endpoint"),
                          endpoint(config.userinfo_url, "userinfo_endpoint"), issuer,
-                         endpoint(None, "jwks_uri"))
+                         endpoint(None, "jwks_uri"),
+                         document.get("authorization_response_iss_parameter_supported") is True)
+
+    def _refused(self, problem: str) -> DiscoveryRefused:
+        return DiscoveryRefused(f"{self._name()}'s discovery document {problem}")
 
     def _get_json(self, url: str, what: str = "discovery",
-                  headers: dict[str, str] | None = None) -> dict[str, Any]:
+                  headers: dict[str, str] | None = None,
+                  timeout: float | None = None) -> dict[str, Any]:
         """A JSON object from the provider; ``what`` names the request in the log."""
         with self._http() as http:
             try:
-                answer = http.get(url, timeout=self._timeout(),
+                answer = http.get(url, timeout=(timeout, timeout) if timeout else self._timeout(),
                                   headers={"Accept": "application/json", **(headers or {})})
                 answer.raise_for_status()
                 document = answer.json()

@@ -2,7 +2,8 @@
 
 A state carries 256 random bits. Only its keyed digest is stored, bound to
 the elicitation and to the browser session that pressed "Connect", expiring
-with the link and used at most once. The PKCE verifier and the OpenID
+:data:`STATE_LIFETIME` after that press (or with the link, if sooner) and
+used at most once. The PKCE verifier and the OpenID
 Connect nonce are derived from the state under the same key: they are never
 stored, and nobody without the key and the state can compute them.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import hmac
 import secrets
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Final, cast
 
 from sqlalchemy import CursorResult, delete, update
@@ -26,6 +28,9 @@ from gateway.settings import Secret
 from gateway.tokens import keyed_digest
 
 STATE_BYTES: Final = 32
+# A sign-in at a provider takes minutes; a state that lived as long as its
+# link (up to days) would leave a stolen provider URL usable for as long.
+STATE_LIFETIME: Final = timedelta(minutes=15)
 
 
 class CallbackRefused(GatewayError):
@@ -54,9 +59,11 @@ def issue(session: Session, clock: Clock, pepper: Secret, elicitation: Elicitati
           browser: str) -> str:
     """A new state for this elicitation and browser, in the caller's transaction."""
     state = secrets.token_urlsafe(STATE_BYTES)
+    now = clock.now()
     session.add(OAuthState(digest=keyed_digest(pepper, state), elicitation_id=elicitation.id,
-                           session_digest=browser, created_at=clock.now(),
-                           expires_at=elicitation.expires_at, used_at=None))
+                           session_digest=browser, created_at=now,
+                           expires_at=min(now + STATE_LIFETIME, elicitation.expires_at),
+                           used_at=None))
     return state
 
 
@@ -78,8 +85,8 @@ def claim(session: Session, clock: Clock, pepper: Secret, state: str,
         raise WrongAccount(elicitation)
     now = clock.now()
     if row.expires_at <= now:
-        raise CallbackRefused("This connection took too long and its link has expired. Go back "
-                              "to the app and start again.")
+        raise CallbackRefused("This connection took too long and has expired. Go back to the "
+                              "app and open its link again.")
     used = session.execute(
         update(OAuthState).where(OAuthState.digest == row.digest, OAuthState.used_at.is_(None))
         .values(used_at=now).returning(OAuthState.digest)).first()
@@ -90,7 +97,7 @@ def claim(session: Session, clock: Clock, pepper: Secret, state: str,
 
 
 def forget_expired(session: Session, clock: Clock) -> int:
-    """Delete the states whose link has expired: no return can use them any more."""
+    """Delete the expired states: no return can use them any more."""
     # A DELETE's result is a CursorResult, which counts its rows.
     gone = cast(CursorResult[Any], session.execute(
         delete(OAuthState).where(OAuthState.expires_at <= clock.now())))

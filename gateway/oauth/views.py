@@ -1,31 +1,43 @@
 """The connection routes: the connect button, and the provider's return.
 
 ``POST /e/<id>/connect`` sits behind the same subject check as the
-elicitation page. ``GET /oauth/callback`` is the one redirect URI every
-provider knows; it checks the state, the browser and the user again before
-anything is exchanged or stored.
+elicitation page. ``GET /oauth/callback/<type id>`` is each type's own
+redirect URI; it checks the state, the browser, the user, that the state
+was issued for this type, and the provider's ``iss``, before anything is
+exchanged or stored.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from flask import Blueprint, current_app, redirect, request
 from werkzeug.wrappers import Response
 
 from gateway import db
+from gateway.audit import service as audit
 from gateway.credentials.catalog import CredentialType
 from gateway.credentials.models import Credential
 from gateway.elicitations import lifecycle
 from gateway.elicitations.lifecycle import TERMINAL, Status
 from gateway.elicitations.models import Elicitation
 from gateway.elicitations.views import Page, ended, open_for, render, store
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, NotFound
 from gateway.identity.sessions import Subject
 from gateway.identity.web import actor_of, browser_binding, current_subject, signed_in
 from gateway.metrics import counters
 from gateway.oauth import pages, service, states, tokens
-from gateway.oauth.provider import GrantRefused, ProviderUnavailable, provider_for
+from gateway.oauth.provider import (
+    CALLBACK_PATH,
+    Endpoints,
+    GrantRefused,
+    Provider,
+    ProviderUnavailable,
+    provider_for,
+    provider_of,
+)
+from gateway.oauth.revocation import revoke_tokens
 from gateway.oauth.states import CallbackRefused
 from gateway.vault.keyring import current_keyring
 from gateway.web.context import current_clock, current_settings
@@ -60,9 +72,34 @@ def connect(elicitation_id: str, subject: Subject) -> Page | Response:
     return redirect(target, code=303)
 
 
-@blueprint.get("/oauth/callback")
-def callback() -> Page:
-    """The provider's return: check state, browser and user; exchange; store; complete."""
+class RedirectURIChanged(GatewayError):
+    """A return to the redirect URI every provider shared before each type had its own."""
+
+    status = 410
+    code = "redirect-uri-changed"
+    title = "This address no longer takes answers from providers"
+
+
+@blueprint.get(CALLBACK_PATH)
+def old_callback() -> Page:
+    """The old shared redirect URI: it reads no state and exchanges no code.
+
+    A clear page rather than a bare 404: a user whose connection began before
+    the change lands here and needs to know what to do, and an operator who
+    has not registered the new URIs needs to learn it.
+    """
+    log.warning("a provider returned to the old shared redirect URI %s; each type's is now "
+                "%s/<type id> (gateway status lists them)", CALLBACK_PATH, CALLBACK_PATH)
+    raise RedirectURIChanged(
+        "Nothing was stored. Each kind of account now returns to its own address here: go "
+        "back to the app and open its link again. If you are sent here again, the gateway's "
+        "operator must register the new redirect URI with the provider.")
+
+
+@blueprint.get(f"{CALLBACK_PATH}/<type_id>")
+def callback(type_id: str) -> Page:
+    """A provider's return to one type's redirect URI: check state, browser, user and issuer;
+    exchange; store; complete."""
     subject = current_subject()
     state = request.args.get("state", "")
     pepper = current_settings().token_pepper
@@ -71,12 +108,12 @@ def callback() -> Page:
         raise CallbackRefused("This answer from the provider reached a browser that is not "
                               "signed in here. Open the app's link again in the browser "
                               "where you started.")
-    with db.transaction() as session:
-        claimed = states.claim(session, current_clock(), pepper, state,
-                                browser_binding(pepper))
-        # The check at finish: the user of this browser is still the one the
-        # link was made for.
-        elicitation = open_for(session, subject, claimed.id)
+    provider = provider_of(type_id)
+    if provider is None:
+        raise NotFound("No kind of account is connected at this address.")
+    # Discovered before the transaction (the provider may take a moment): the
+    # issuer that an ``iss`` must name.
+    elicitation = _claimed(subject, type_id, provider.endpoints(), state)
     if elicitation.status in TERMINAL:
         return ended(elicitation)
     credential_type = pages.connection_type(elicitation)
@@ -86,21 +123,65 @@ def callback() -> Page:
     code = request.args.get("code", "")
     if not code:
         return _try_again(elicitation, subject, "The provider sent no authorization code.")
+    secret = states.derived(pepper, state)
     try:
-        credential = _exchange(elicitation, credential_type, code, state)
+        answer = provider.exchange(code, secret.verifier)
     except (GrantRefused, ProviderUnavailable) as failure:
         return _try_again(elicitation, subject, f"{failure.detail} Nothing was stored.")
-    return _store(elicitation.id, subject, credential_type, credential)
+    return _finish(elicitation, subject, credential_type, provider, answer, secret.nonce)
 
 
-def _exchange(elicitation: Elicitation, credential_type: CredentialType, code: str,
-              state: str) -> Credential:
-    """Trade the code for tokens, name the account, and seal it all; nothing stored yet."""
-    provider = provider_for(credential_type)
-    secret = states.derived(current_settings().token_pepper, state)
-    answer = provider.exchange(code, secret.verifier)
+def _claimed(subject: Subject, type_id: str, endpoints: Endpoints, state: str) -> Elicitation:
+    """Use up the state for this browser and user; refuse (audited) a mix-up."""
+    pepper = current_settings().token_pepper
+    with db.transaction() as session:
+        claimed = states.claim(session, current_clock(), pepper, state,
+                               browser_binding(pepper))
+        # The check at finish: the user of this browser is still the one the
+        # link was made for.
+        elicitation = open_for(session, subject, claimed.id)
+        mix_up = service.mix_up(elicitation, type_id, endpoints, request.args.get("iss"))
+        if mix_up is not None:
+            audit.record(session, current_clock(), actor=actor_of(subject),
+                         action="oauth.callback_refused", outcome="denied",
+                         target=elicitation.id, source_ip=request.remote_addr,
+                         details=mix_up.details)
+    if mix_up is not None:
+        log.warning("%s: a return refused as a mix-up: %s", type_id, mix_up.details["reason"])
+        raise CallbackRefused(mix_up.text)
+    return elicitation
+
+
+def _finish(elicitation: Elicitation, subject: Subject, credential_type: CredentialType,
+            provider: Provider, answer: dict[str, Any], nonce: str) -> Page:
+    """Check and store a token answer, completing the link; revoke what is not stored."""
+    try:
+        credential = _sealed(elicitation, credential_type, provider, answer, nonce)
+    except (GrantRefused, ProviderUnavailable) as failure:
+        _discard(provider, answer, elicitation, subject, "refused")
+        return _try_again(elicitation, subject, f"{failure.detail} Nothing was stored.")
+    stored = store(elicitation.id, subject, credential)
+    if stored.status != Status.COMPLETED:
+        # The link ended (expired, cancelled) while the provider answered:
+        # tokens nobody will ever reveal must not stay valid at the provider.
+        _discard(provider, answer, stored, subject, "link-ended")
+        return ended(stored)
+    if db.session().get(Credential, credential.id) is None:
+        # Another return (another tab) completed the link first. Its tokens
+        # come from the same grant at the provider, which many providers
+        # revoke as a whole: revoking these would end the connection just
+        # stored. They are dropped here, never stored or shown.
+        _discard(provider, answer, stored, subject, "completed-by-another-return",
+                 revoke=False)
+        return ended(stored)
+    return pages.connected_page(stored, credential_type, credential)
+
+
+def _sealed(elicitation: Elicitation, credential_type: CredentialType, provider: Provider,
+            answer: dict[str, Any], nonce: str) -> Credential:
+    """Check the token answer, name the account, and seal it all; nothing stored yet."""
     asked = tuple(elicitation.scopes or ())
-    claims = service.claims_of(provider, answer, asked, secret.nonce, current_clock())
+    claims = service.claims_of(provider, answer, asked, nonce, current_clock())
     assert credential_type.oauth is not None
     return tokens.seal_connection(
         current_keyring(), elicitation, credential_type, answer,
@@ -109,13 +190,16 @@ def _exchange(elicitation: Elicitation, credential_type: CredentialType, code: s
         now=current_clock().now())
 
 
-def _store(elicitation_id: str, subject: Subject, credential_type: CredentialType,
-           credential: Credential) -> Page:
-    """Store the connection and complete the elicitation, in one transaction."""
-    elicitation = store(elicitation_id, subject, credential)
-    if elicitation.status != Status.COMPLETED:
-        return ended(elicitation)
-    return pages.connected_page(elicitation, credential_type, credential)
+def _discard(provider: Provider, answer: dict[str, Any], elicitation: Elicitation,
+             subject: Subject, reason: str, *, revoke: bool = True) -> None:
+    """Revoke at the provider the tokens of an answer that is not stored, and audit it."""
+    outcome = revoke_tokens(provider, tokens.token_set_of(answer)) if revoke else \
+        "not revoked: the stored connection may share their grant"
+    with db.transaction() as session:
+        audit.record(session, current_clock(), actor=actor_of(subject),
+                     action="oauth.tokens_discarded", target=elicitation.id,
+                     source_ip=request.remote_addr,
+                     details={"reason": reason, "provider_revocation": outcome})
 
 
 def _provider_said_no(elicitation: Elicitation, subject: Subject,

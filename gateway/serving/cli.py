@@ -105,13 +105,15 @@ def _check_secrets_and_destinations(settings: Settings) -> OutboundPolicy:
 
 
 def _check_what_may_fail_later(settings: Settings, policy: OutboundPolicy) -> None:
-    """Warn of clients' webhook URLs the guard refuses and of a silent identity provider."""
+    """Warn of clients' webhook URLs the guard refuses and of silent providers; refuse an
+    OAuth provider whose discovery document the gateway cannot work with."""
     engine = make_engine(settings.database_url)
     try:
         webhooks = preflight.webhook_problems(engine, policy)
     finally:
         engine.dispose()
-    _report([*preflight.issuer_problems(settings, policy, reach=True), *webhooks])
+    _report([*preflight.issuer_problems(settings, policy, reach=True),
+             *preflight.oauth_problems(settings), *webhooks])
 
 
 def _report(problems: list[preflight.Problem]) -> None:

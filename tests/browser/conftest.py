@@ -567,7 +567,8 @@ def connect_app(oauth_gateway: Gateway, oidc_provider: OidcProvider) -> OidcProv
 
     Registered for each test: the provider forgets it when it is reset after one.
     """
-    oidc_provider.add_connect_redirect_uri(oauth_gateway.url("/oauth/callback"))
+    oidc_provider.add_connect_redirect_uri(
+        oauth_gateway.url(f"/oauth/callback/{CONNECTION_TYPE}"))
     return oidc_provider
 
 

@@ -129,7 +129,7 @@ class ConnectionTour:
         page.locator("input[name=login]").fill("alice")
         page.locator("input[name=password]").fill(self.provider.password)
         page.get_by_role("button", name="Sign in").click()
-        callback = re.compile(re.escape(gateway.url("/oauth/callback")))
+        callback = re.compile(re.escape(gateway.url(f"/oauth/callback/{CONNECTION_TYPE}")))
         with page.expect_navigation(url=callback) as back:
             page.get_by_role("button", name="Allow").click()
         at("connected", back.value)

@@ -21,6 +21,8 @@ from tests.oidc.fixtures import OidcProvider
 
 pytestmark = pytest.mark.slow
 
+REDIRECT_PATH = f"/oauth/callback/{CONNECTION_TYPE}"
+
 MESSAGE = ("Connect your Example account so that Weather Forecasts can open an issue when a "
            "storm warning affects one of your projects.")
 SCOPES = ["openid", "profile", "repo"]
@@ -83,7 +85,7 @@ def test_connecting_an_account_at_the_provider(
     authorize = press_connect(page, connect_app)
     query = parse_qs(urlsplit(authorize).query)
     assert query["client_id"] == [connect_app.connect_client_id]
-    assert query["redirect_uri"] == [oauth_gateway.url("/oauth/callback")]
+    assert query["redirect_uri"] == [oauth_gateway.url(REDIRECT_PATH)]
     assert query["scope"] == [" ".join(SCOPES)]
     assert query["code_challenge_method"] == ["S256"]
     assert {"state", "nonce", "code_challenge"} <= query.keys()
@@ -92,7 +94,7 @@ def test_connecting_an_account_at_the_provider(
     sign_in_at_provider(page, connect_app, "alice")
     expect(page.get_by_role("heading", level=1)).to_have_text(
         f"Allow {connect_app.connect_client_id} to access your account?")
-    with page.expect_navigation(url=re.compile(re.escape(oauth_gateway.url("/oauth/callback")))):
+    with page.expect_navigation(url=re.compile(re.escape(oauth_gateway.url(REDIRECT_PATH)))):
         page.get_by_role("button", name="Allow").click()
 
     # Back at the gateway: connected, as the account the provider named.
@@ -127,7 +129,7 @@ def test_alices_provider_url_finished_in_bobs_browser_stores_nothing(
     bobs.goto(authorize)
     sign_in_at_provider(bobs, connect_app, "bob")
     with bobs.expect_navigation(
-            url=re.compile(re.escape(oauth_gateway.url("/oauth/callback")))) as back:
+            url=re.compile(re.escape(oauth_gateway.url(REDIRECT_PATH)))) as back:
         bobs.get_by_role("button", name="Allow").click()
     assert back.value is not None
     assert back.value.status == 403
@@ -163,7 +165,7 @@ def test_denying_at_the_provider_declines(
     page = open_connect_page(oauth_context(), oauth_gateway, alice, link)
     press_connect(page, connect_app)
     sign_in_at_provider(page, connect_app, "alice")
-    with page.expect_navigation(url=re.compile(re.escape(oauth_gateway.url("/oauth/callback")))):
+    with page.expect_navigation(url=re.compile(re.escape(oauth_gateway.url(REDIRECT_PATH)))):
         page.get_by_role("link", name="Deny").click()
 
     expect(page.get_by_role("heading", level=1)).to_have_text("Declined")

@@ -61,11 +61,29 @@ def test_status_reports_schema_keys_and_backlog(
     assert report["webhooks"]["backlog"] == 0
     assert report["elicitations"]["pending"] == 0
     assert report["configuration"] == []
-    assert report["oauth"] == {"redirect_uri": "https://localhost:8443/oauth/callback",
-                               "types": []}
+    assert report["oauth"] == {"types": [], "redirect_uris": {}}
     text = ok(invoke_gateway("status"))
     assert "schema:" in text
-    assert "redirect URI https://localhost:8443/oauth/callback" in text
+    assert "no OAuth types in the catalog" in text
+
+
+def test_status_lists_each_oauth_types_own_redirect_uri(
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str], tmp_path: Path,
+) -> None:
+    catalog = tmp_path / "credential_types.toml"
+    catalog.write_text('[generic]\nlabel = "API key"\n' + "".join(
+        f'[{name}]\nlabel = "{name}"\nkind = "oauth"\n[{name}.oauth]\n'
+        f'authorization_url = "https://{name}.example.com/authorize"\n'
+        f'token_url = "https://{name}.example.com/token"\nclient_id = "gateway"\n'
+        'token_auth_method = "none"\n' for name in ("github", "linear")))
+    environ = {**cli_environ, "GATEWAY_CREDENTIAL_TYPES_FILE": str(catalog)}
+    report = json.loads(ok(invoke_gateway("status", "--json", env=environ)))
+    assert report["oauth"] == {"types": ["github", "linear"], "redirect_uris": {
+        "github": "https://localhost:8443/oauth/callback/github",
+        "linear": "https://localhost:8443/oauth/callback/linear"}}
+    text = ok(invoke_gateway("status", env=environ))
+    assert "github: redirect URI https://localhost:8443/oauth/callback/github" in text
+    assert "linear: redirect URI https://localhost:8443/oauth/callback/linear" in text
 
 
 def test_status_fails_on_a_schema_that_is_not_current(

@@ -25,6 +25,7 @@ from gateway.serving.cli import DEFAULT_WORKERS, _warn_if_connections_may_run_ou
 from gateway.serving.tls import dev_certificate_paths, make_self_signed
 from gateway.settings import Settings
 from tests.integration.conftest import Result, Server, free_port, tls_context
+from tests.oidc.fixtures import OidcProvider
 
 pytestmark = pytest.mark.slow
 
@@ -439,3 +440,22 @@ def test_an_oauth_type_whose_secret_is_not_set_stops_the_start_naming_the_variab
     [line] = result.stderr.strip().splitlines()
     assert "GITHUB_OAUTH_CLIENT_SECRET" in line
     assert "[github-oauth.oauth]" in line
+
+
+def test_an_oauth_provider_whose_discovery_lacks_pkce_s256_stops_the_start(
+    run_gateway: Callable[..., Result], cli_environ: dict[str, str], tmp_path: Path,
+    oidc_provider: OidcProvider,
+) -> None:
+    oidc_provider.set_discovery(code_challenge_methods_supported=["plain"])
+    catalog = tmp_path / "types.toml"
+    catalog.write_text('[generic]\nlabel = "Key"\n[example]\nlabel = "Example account"\n'
+                       'kind = "oauth"\n[example.oauth]\n'
+                       f'issuer = "{oidc_provider.issuer}"\nclient_id = "connect-app"\n'
+                       'token_auth_method = "none"\n')
+    result = run_gateway("serve", "--port", str(free_port()), env={
+        **cli_environ, "GATEWAY_CREDENTIAL_TYPES_FILE": str(catalog),
+        "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS": oidc_provider.issuer.removeprefix("http://")})
+    assert result.code == 1
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("Error: [example.oauth] issuer: ")
+    assert "does not list S256 in code_challenge_methods_supported" in line

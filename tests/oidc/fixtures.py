@@ -45,7 +45,8 @@ OTHER_CLIENT_SECRET = "other-app-test-client-secret-" + "o" * 24
 OTHER_REDIRECT_URI = "https://other-app.test/callback"
 CONNECT_CLIENT_ID = "connect-app"
 CONNECT_CLIENT_SECRET = "connect-app-test-client-secret-" + "k" * 24
-CONNECT_REDIRECT_URIS = ("https://gateway.test/oauth/callback",)
+# The gateway's redirect URI for its OAuth type "example" (each type has its own).
+CONNECT_REDIRECT_URIS = ("https://gateway.test/oauth/callback/example",)
 # The scopes the provider knows; connect-app may ask for any of them.
 SCOPES = ("openid", "offline_access", "profile", "email", "repo", "read:user", "user:email")
 # connect-app's token endpoint faults (set_connect(token_fault=...)) and
@@ -61,6 +62,7 @@ TOKEN_FAULTS = (
     "invalid_request",
     "throttled",
     "trickle",
+    "no_id_token",
 )
 REVOCATION_FAULTS = ("slow", "server_error")
 REDIRECT_URIS = ("https://gateway.test/login/callback",)
@@ -70,6 +72,7 @@ PASSWORD = "password"
 ID_TOKEN_FAULTS = (
     "wrong_audience",
     "wrong_issuer",
+    "wrong_azp",
     "bad_signature",
     "unknown_kid",
     "expired",
@@ -287,8 +290,17 @@ class OidcProvider:
         if uri not in self.redirect_uris:
             self.set_redirect_uris([*self.redirect_uris, uri])
 
+    def set_discovery(self, **fields: Any) -> dict[str, Any]:
+        """Replace fields of the discovery document (``None`` removes one), until reset.
+
+        Every call replaces the previous overrides; ``set_discovery()`` ends them.
+        Every client sees the changed document.
+        """
+        return self._post("/__test__/discovery", fields)
+
     def reset(self) -> None:
-        """No faults, the clients' initial redirect URIs, connect-app's defaults and no stats."""
+        """No faults, the clients' initial redirect URIs, connect-app's defaults and no stats;
+        the genuine discovery document."""
         self._post("/__test__/reset", {})
         self.redirect_uris = list(REDIRECT_URIS)
         self.post_logout_redirect_uris = list(POST_LOGOUT_REDIRECT_URIS)
@@ -319,6 +331,7 @@ class OidcProvider:
         revocation_fault: str | None = UNSET,
         retry_after: str | None = UNSET,
         answer_patch: dict[str, Any] | None = UNSET,
+        send_iss: bool = UNSET,
     ) -> dict[str, Any]:
         """Change how the provider treats connect-app, until reset; returns ``connect_stats()``.
 
@@ -339,6 +352,8 @@ class OidcProvider:
         - ``answer_patch``: fields merged into its genuine token answers (200),
           for the grant types ``fault_grant_types`` names, e.g.
           ``{"expires_in": 10**12}``; ``None`` ends it.
+        - ``send_iss``: ``False`` drops ``iss`` (RFC 9207) from its authorization
+          responses; the discovery document still advertises it (see ``set_discovery``).
         """
         settings = {
             "access_token_ttl": access_token_ttl,
@@ -350,6 +365,7 @@ class OidcProvider:
             "revocation_fault": revocation_fault,
             "retry_after": retry_after,
             "answer_patch": answer_patch,
+            "send_iss": send_iss,
         }
         body = {
             name: list(value) if isinstance(value, (list, tuple)) else value
@@ -676,13 +692,26 @@ def oidc_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcProv
         yield provider
 
 
+@pytest.fixture(scope="session")
+def second_oidc_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcProvider]:
+    """Another provider like ``oidc_provider``, with an issuer of its own: for tests of two
+    providers, one of which may be hostile. Started only for the tests that ask for it."""
+    try:
+        node = node_command()
+        install_node_modules()
+    except NodeUnavailable as error:
+        _unavailable(str(error))
+    with running_provider(node, tmp_path_factory.mktemp("oidc") / "second.log") as provider:
+        yield provider
+
+
 @pytest.fixture(autouse=True)
 def _oidc_provider_reset(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After each test that used the provider, undo its faults and redirect URIs."""
-    if "oidc_provider" not in request.fixturenames:
-        yield
-        return
-    provider: OidcProvider = request.getfixturevalue("oidc_provider")
+    """After each test that used a provider, undo its faults and redirect URIs."""
+    used = [name for name in ("oidc_provider", "second_oidc_provider")
+            if name in request.fixturenames]
+    providers: list[OidcProvider] = [request.getfixturevalue(name) for name in used]
     yield
-    if provider.process.poll() is None:
-        provider.reset()
+    for provider in providers:
+        if provider.process.poll() is None:
+            provider.reset()

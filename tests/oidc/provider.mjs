@@ -45,7 +45,8 @@ const clientSecret = process.env.OIDC_CLIENT_SECRET || 'gateway-test-client-secr
 const otherSecret = process.env.OIDC_OTHER_CLIENT_SECRET || 'other-app-test-client-secret';
 const otherRedirects = words(process.env.OIDC_OTHER_REDIRECT_URIS, ['https://other-app.test/callback']);
 const connectSecret = process.env.OIDC_CONNECT_CLIENT_SECRET || 'connect-app-test-client-secret';
-const connectRedirects = words(process.env.OIDC_CONNECT_REDIRECT_URIS, ['https://gateway.test/oauth/callback']);
+// The gateway's redirect URI for its credential type "example": one per type.
+const connectRedirects = words(process.env.OIDC_CONNECT_REDIRECT_URIS, ['https://gateway.test/oauth/callback/example']);
 const initialRedirects = {
   redirect_uris: words(process.env.OIDC_REDIRECT_URIS, ['https://gateway.test/login/callback']),
   post_logout_redirect_uris: words(process.env.OIDC_POST_LOGOUT_REDIRECT_URIS, ['https://gateway.test/']),
@@ -211,6 +212,8 @@ function now() {
 const FAULTS = {
   wrong_audience: (claims) => sign({ ...claims, aud: OTHER, azp: undefined }),
   wrong_issuer: (claims) => sign({ ...claims, iss: 'http://evil.example' }),
+  // Issued to another client that presents it: aud still names the client, azp does not.
+  wrong_azp: (claims) => sign({ ...claims, azp: OTHER }),
   bad_signature: (claims) => sign(claims, impostorKey),
   unknown_kid: (claims) => sign(claims, unknownKey, unknownJwk.kid),
   expired: (claims) => sign({ ...claims, iat: now() - 7200, exp: now() - 3600 }),
@@ -233,6 +236,29 @@ function sign(claims, key = signingKey, kid = signingJwk.kid) {
 
 let idTokenFault = null;
 
+// Fields of the discovery document replaced (or, set to null, removed) by the
+// tests: POST /__test__/discovery. Every client sees them.
+let discoveryOverrides = {};
+
+function overridden(document) {
+  const changed = { ...document };
+  for (const [key, value] of Object.entries(discoveryOverrides)) {
+    if (value === null) delete changed[key];
+    else changed[key] = value;
+  }
+  return changed;
+}
+
+// connect-app's authorization responses without `iss`, while send_iss is false.
+function withoutIss(ctx) {
+  const location = ctx.response.get('location');
+  if (!location || ctx.oidc?.client?.clientId !== CONNECT) return;
+  const url = new URL(location, issuer);
+  if (url.origin === new URL(issuer).origin || !url.searchParams.has('iss')) return;
+  url.searchParams.delete('iss');
+  ctx.set('location', url.href);
+}
+
 // --- connect-app: token endpoint controls -----------------------------------------
 // What the tests set for connect-app (POST /__test__/connect), and what the
 // provider saw of it (GET /__test__/connect). /__test__/reset restores both.
@@ -240,12 +266,14 @@ let idTokenFault = null;
 const GRANT_TYPES = ['authorization_code', 'refresh_token'];
 // Each answers connect-app's token requests in place of the provider, except
 // `slow` and `trickle`, which let the provider answer and hold the answer back
-// (`trickle` sends it a few bytes at a time). Nothing is spent by the others:
-// the code or refresh token sent stays usable.
+// (`trickle` sends it a few bytes at a time), and `no_id_token`, which lets it
+// answer and drops the ID token. Nothing is spent by the others: the code or
+// refresh token sent stays usable.
 const TOKEN_FAULTS = [
   'invalid_grant', 'html', 'oversize', 'slow', 'missing_access_token', 'server_error',
-  'invalid_client', 'invalid_request', 'throttled', 'trickle',
+  'invalid_client', 'invalid_request', 'throttled', 'trickle', 'no_id_token',
 ];
+const GENUINE_FAULTS = new Set(['slow', 'trickle', 'no_id_token']);
 const TRICKLE_PIECES = 40;
 const REVOCATION_FAULTS = ['slow', 'server_error'];
 const OVERSIZE_PADDING = 96 * 1024;
@@ -261,6 +289,8 @@ function connectDefaults() {
     revocation_fault: null,
     retry_after: '120',
     answer_patch: null,
+    // RFC 9207: `iss` in its authorization responses (oidc-provider always sends it).
+    send_iss: true,
   };
 }
 
@@ -301,6 +331,7 @@ function updateConnect(body) {
     revocation_fault: (v) => v === null || REVOCATION_FAULTS.includes(v),
     retry_after: (v) => v === null || typeof v === 'string',
     answer_patch: (v) => v === null || (typeof v === 'object' && !Array.isArray(v)),
+    send_iss: (v) => typeof v === 'boolean',
     reset_stats: (v) => typeof v === 'boolean',
   };
   for (const [key, value] of Object.entries(body)) {
@@ -437,13 +468,17 @@ async function connectTokenRequest(ctx, next) {
   connectStats.token_requests.push(record);
   try {
     if (grantType === 'refresh_token' && connect.refresh_delay_ms > 0) await sleep(connect.refresh_delay_ms);
-    if (fault && fault !== 'slow' && fault !== 'trickle') return FAULT_ANSWERS[fault](ctx);
+    if (fault && !GENUINE_FAULTS.has(fault)) return FAULT_ANSWERS[fault](ctx);
     if (grantType === 'refresh_token') await oneAtATime(params.get('refresh_token') ?? '', next);
     else await next();
     const patched = connect.answer_patch !== null && ctx.status === 200
       && (connect.fault_grant_types === null || connect.fault_grant_types.includes(grantType));
     if (patched) ctx.body = { ...ctx.body, ...connect.answer_patch };
     if (fault === 'slow') await sleep(connect.slow_seconds * 1000);
+    if (fault === 'no_id_token' && ctx.status === 200 && ctx.body?.id_token) {
+      const { id_token: _dropped, ...body } = ctx.body;
+      ctx.body = body;
+    }
     if (fault === 'trickle') trickle(ctx);
   } finally {
     record.status = ctx.status;
@@ -593,6 +628,8 @@ provider.use(async (ctx, next) => {
   else if (ctx.method === 'POST' && ctx.path === '/token/revocation') await connectRevocationRequest(ctx, next);
   else if (ctx.method === 'GET' && ctx.path === '/api/user') await apiUser(ctx);
   else await next();
+  if (ctx.oidc?.route === 'discovery' && ctx.status === 200) ctx.body = overridden(ctx.body);
+  if (!connect.send_iss && ctx.status >= 300 && ctx.status < 400) withoutIss(ctx);
   if (idTokenFault && ctx.oidc?.route === 'token' && ctx.status === 200 && ctx.body?.id_token) {
     const body = { ...ctx.body };
     body.id_token = await FAULTS[idTokenFault](jose.decodeJwt(body.id_token));
@@ -657,6 +694,7 @@ function faultState() {
 async function testEndpoint(req, res, path) {
   if (req.method === 'GET' && path === '/__test__/faults') return sendJson(res, 200, faultState());
   if (req.method === 'GET' && path === '/__test__/connect') return sendJson(res, 200, connectState());
+  if (req.method === 'GET' && path === '/__test__/discovery') return sendJson(res, 200, discoveryOverrides);
   if (req.method !== 'POST') return sendJson(res, 405, { error: 'method not allowed' });
   const raw = await readBody(req);
   let body;
@@ -676,10 +714,18 @@ async function testEndpoint(req, res, path) {
     }
     case '/__test__/reset':
       idTokenFault = null;
+      discoveryOverrides = {};
       resetClients();
       connect = connectDefaults();
       resetConnectStats();
       return sendJson(res, 200, faultState());
+    case '/__test__/discovery': {
+      if (typeof body !== 'object' || body === null || Array.isArray(body)) {
+        return sendJson(res, 400, { error: 'the overrides are a JSON object' });
+      }
+      discoveryOverrides = body;
+      return sendJson(res, 200, discoveryOverrides);
+    }
     case '/__test__/connect': {
       const error = updateConnect(body);
       if (error) return sendJson(res, 400, { error });

@@ -369,6 +369,17 @@ def test_claim_faults_keep_a_valid_signature(
         verify(oidc_provider, token, auth)
 
 
+def test_wrong_azp_keeps_the_audience_and_names_another_party(
+    oidc_provider: OidcProvider,
+) -> None:
+    oidc_provider.set_fault("wrong_azp")
+    auth, token = id_token_of(oidc_provider)
+    # Every check but azp passes: the signature and audience are genuine.
+    claims = verify(oidc_provider, token, auth)
+    assert claims["aud"] == oidc_provider.client_id
+    assert claims["azp"] == oidc_provider.other_client_id
+
+
 def test_bad_signature(oidc_provider: OidcProvider) -> None:
     oidc_provider.set_fault("bad_signature")
     auth, token = id_token_of(oidc_provider)
@@ -436,7 +447,7 @@ def api_user(provider: OidcProvider, access_token: str) -> requests.Response:
 def test_connect_code_flow_gives_access_and_refresh_tokens(oidc_provider: OidcProvider) -> None:
     auth = connect_authorization(oidc_provider)
     location = oidc_provider.connect_login(auth.url, "alice")
-    params = callback_params(location, "https://gateway.test/oauth/callback")
+    params = callback_params(location, "https://gateway.test/oauth/callback/example")
     assert params["state"] == auth.state
     assert params["iss"] == oidc_provider.issuer
 
@@ -666,20 +677,21 @@ def test_grant_only_narrows_the_scope(oidc_provider: OidcProvider) -> None:
 
 
 def test_connect_redirect_uris(oidc_provider: OidcProvider) -> None:
-    local = "https://localhost:8443/oauth/callback"
+    local = "https://localhost:8443/oauth/callback/example"
     auth = connect_authorization(oidc_provider, redirect_uri=local)
     assert new_session().get(auth.url, allow_redirects=False, timeout=10).status_code == 400
 
     oidc_provider.add_connect_redirect_uri(local)
 
-    assert oidc_provider.connect_redirect_uris == ["https://gateway.test/oauth/callback", local]
+    assert oidc_provider.connect_redirect_uris == ["https://gateway.test/oauth/callback/example",
+                                                   local]
     assert oidc_provider.connect_stats()["redirect_uris"] == oidc_provider.connect_redirect_uris
     code = callback_params(oidc_provider.connect_login(auth.url), local)["code"]
     assert exchange(oidc_provider, auth, code).status_code == 200
     # The gateway client's redirect URIs are its own.
     assert oidc_provider.redirect_uris == ["https://gateway.test/login/callback"]
     oidc_provider.reset()
-    assert oidc_provider.connect_redirect_uris == ["https://gateway.test/oauth/callback"]
+    assert oidc_provider.connect_redirect_uris == ["https://gateway.test/oauth/callback/example"]
     assert new_session().get(auth.url, allow_redirects=False, timeout=10).status_code == 400
 
 
@@ -798,6 +810,56 @@ def test_token_fault_applies_to_the_code_exchange_too(oidc_provider: OidcProvide
     oidc_provider.id_token("alice")
 
 
+def test_token_fault_no_id_token(oidc_provider: OidcProvider) -> None:
+    oidc_provider.set_connect(token_fault="no_id_token")
+    # The genuine answer, code spent, without its ID token; without openid there is none anyway.
+    tokens = oidc_provider.connect_tokens(scope="openid profile repo")
+    assert "id_token" not in tokens
+    assert api_user(oidc_provider, tokens["access_token"]).status_code == 200
+    refreshed = oidc_provider.connect_refresh(tokens["refresh_token"])
+    assert refreshed.status_code == 200
+    assert "id_token" not in refreshed.json()
+    oidc_provider.set_connect(token_fault=None)
+    assert "id_token" in oidc_provider.connect_tokens(scope="openid profile repo")
+
+
+def test_send_iss_false_drops_iss_from_connect_apps_authorization_responses(
+    oidc_provider: OidcProvider,
+) -> None:
+    oidc_provider.set_connect(send_iss=False)
+    auth = connect_authorization(oidc_provider)
+    params = callback_params(oidc_provider.connect_login(auth.url, "alice"),
+                             oidc_provider.connect_redirect_uri)
+    assert "iss" not in params
+    assert params["state"] == auth.state
+    assert exchange(oidc_provider, auth, params["code"]).status_code == 200
+    # The discovery document still promises it, as a provider might while a
+    # man in the middle strips it; the gateway's own client keeps it.
+    assert oidc_provider.metadata()["authorization_response_iss_parameter_supported"] is True
+    oidc_provider.reset()
+    again = connect_authorization(oidc_provider)
+    assert "iss" in callback_params(oidc_provider.connect_login(again.url, "alice"),
+                                    oidc_provider.connect_redirect_uri)
+
+
+def test_discovery_fields_can_be_replaced_and_removed_until_reset(
+    oidc_provider: OidcProvider,
+) -> None:
+    genuine = oidc_provider.metadata()
+    assert genuine["code_challenge_methods_supported"] == ["S256"]
+    oidc_provider.set_discovery(authorization_endpoint="http://idp.example.com/authorize",
+                                authorization_response_iss_parameter_supported=None)
+    changed = oidc_provider.metadata()
+    assert changed["authorization_endpoint"] == "http://idp.example.com/authorize"
+    assert "authorization_response_iss_parameter_supported" not in changed
+    assert changed["token_endpoint"] == genuine["token_endpoint"]
+    oidc_provider.set_discovery()
+    assert oidc_provider.metadata() == genuine
+    oidc_provider.set_discovery(code_challenge_methods_supported=["plain"])
+    oidc_provider.reset()
+    assert oidc_provider.metadata() == genuine
+
+
 def test_token_fault_slow(oidc_provider: OidcProvider) -> None:
     tokens = oidc_provider.connect_tokens()
     oidc_provider.set_connect(token_fault="slow", slow_seconds=1)
@@ -873,16 +935,18 @@ def test_connect_settings_are_checked_and_reset(oidc_provider: OidcProvider) -> 
         oidc_provider.set_connect(access_token_ttl=0)
     defaults = {"access_token_ttl": 300, "grant_only": None, "token_fault": None,
                 "fault_grant_types": None, "slow_seconds": 3, "refresh_delay_ms": 0,
-                "revocation_fault": None, "retry_after": "120", "answer_patch": None}
+                "revocation_fault": None, "retry_after": "120", "answer_patch": None,
+                "send_iss": True}
     state = oidc_provider.set_connect(
         access_token_ttl=5, grant_only=["repo"], token_fault="slow",
         fault_grant_types=["refresh_token"], slow_seconds=2, refresh_delay_ms=100,
-        revocation_fault="server_error", retry_after="7", answer_patch={"scope": "repo"})
+        revocation_fault="server_error", retry_after="7", answer_patch={"scope": "repo"},
+        send_iss=False)
     assert {name: state[name] for name in defaults} == {
         "access_token_ttl": 5, "grant_only": ["repo"], "token_fault": "slow",
         "fault_grant_types": ["refresh_token"], "slow_seconds": 2, "refresh_delay_ms": 100,
         "revocation_fault": "server_error", "retry_after": "7",
-        "answer_patch": {"scope": "repo"}}
+        "answer_patch": {"scope": "repo"}, "send_iss": False}
 
     oidc_provider.reset()
 

@@ -220,3 +220,69 @@ def test_a_catalog_that_does_not_load_names_the_setting(tmp_path: Path) -> None:
     assert problem.refuses_start
     assert str(problem) == (f"GATEWAY_CREDENTIAL_TYPES_FILE: {path}: the type 'generic' must "
                             "be present")
+
+
+# --- OAuth types with an issuer --------------------------------------------------------------
+
+OAUTH_CATALOG = """[generic]
+label = "API key"
+
+[example]
+label = "Example account"
+kind = "oauth"
+
+[example.oauth]
+issuer = "{issuer}"
+client_id = "gateway"
+token_auth_method = "none"
+"""
+
+
+def oauth_settings(tmp_path: Path, issuer: str) -> Settings:
+    path = tmp_path / "types.toml"
+    path.write_text(OAUTH_CATALOG.format(issuer=issuer))
+    return settings_for(tmp_path, GATEWAY_CREDENTIAL_TYPES_FILE=str(path),
+                        GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS=issuer.removeprefix("http://"))
+
+
+def discovery(**changes: object) -> bytes:
+    document = {"issuer": "ISSUER", "authorization_endpoint": "ISSUER/auth",
+                "token_endpoint": "ISSUER/token", "code_challenge_methods_supported": ["S256"],
+                **changes}
+    return json.dumps({key: value for key, value in document.items()
+                       if value is not None}).encode()
+
+
+def test_an_oauth_provider_whose_discovery_is_fit_is_fine(
+    tmp_path: Path, provider: Callable[[int, bytes], str],
+) -> None:
+    assert preflight.oauth_problems(oauth_settings(tmp_path, provider(200, discovery()))) == []
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"code_challenge_methods_supported": ["plain"]},
+     "does not list S256 in code_challenge_methods_supported"),
+    ({"code_challenge_methods_supported": None},
+     "does not list S256 in code_challenge_methods_supported"),
+    ({"authorization_endpoint": "https://idp.example.com;frame-ancestors *;/authorize"},
+     "its authorization_endpoint holds a character"),
+    ({"jwks_uri": "http://idp.example.com/jwks"}, "its jwks_uri must be an https:// URL"),
+    ({"revocation_endpoint": "https://user@idp.example.com/revoke"},
+     "its revocation_endpoint may not carry a user name or password"),
+])
+def test_an_oauth_provider_whose_discovery_is_unfit_refuses_the_start(
+    tmp_path: Path, provider: Callable[[int, bytes], str], changes: dict[str, object],
+    words: str,
+) -> None:
+    [problem] = preflight.oauth_problems(oauth_settings(tmp_path,
+                                                        provider(200, discovery(**changes))))
+    assert problem.refuses_start
+    assert problem.setting == "[example.oauth] issuer"
+    assert words in problem.problem
+
+
+def test_a_silent_oauth_provider_is_a_warning(tmp_path: Path) -> None:
+    issuer = f"http://127.0.0.1:{closed_port()}"
+    [problem] = preflight.oauth_problems(oauth_settings(tmp_path, issuer))
+    assert not problem.refuses_start
+    assert problem.problem.endswith("; no Example account can be connected until it answers")

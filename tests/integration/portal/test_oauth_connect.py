@@ -2,23 +2,25 @@
 
 The provider in tests/oidc plays the third party (``connect-app``): the
 gateway's connect page sends the browser there, the test logs in and allows
-at the provider, and brings the redirect back to ``/oauth/callback``.
+at the provider, and brings the redirect back to ``/oauth/callback/example``.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 from flask import Flask
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
-from gateway import db
+from gateway import db, preflight
 from gateway.audit.models import AuditEvent
 from gateway.credentials.models import Credential
 from gateway.elicitations.models import Elicitation
@@ -249,7 +251,7 @@ def test_a_code_is_exchanged_once_and_a_state_used_once(
 
 
 def test_unknown_state_is_refused(alices: Browser, app: Flask) -> None:
-    refused = alices.get("/oauth/callback?code=abc&state=made-up")
+    refused = alices.get("/oauth/callback/example?code=abc&state=made-up")
     assert refused.status_code == 400
     assert "does not belong" in refused.get_data(as_text=True)
     assert rows(app, Credential) == []
@@ -275,7 +277,9 @@ def test_another_provider_error_leaves_the_link_open(
     link = connection_for("alice")
     authorize = start(alices, link["id"])
     state = parse_qs(urlsplit(authorize).query)["state"][0]
-    page = alices.get(f"/oauth/callback?error=temporarily_unavailable&state={state}")
+    # As the provider would send it: with its issuer (RFC 9207 covers error responses too).
+    page = alices.get("/oauth/callback/example?" + urlencode({
+        "error": "temporarily_unavailable", "state": state, "iss": oidc_provider.issuer}))
     assert page.status_code == 400
     text = page.get_data(as_text=True)
     assert "busy just now" in text
@@ -383,7 +387,8 @@ def test_the_sweeper_forgets_the_states_of_expired_links(
     assert left.elicitation_id == kept["id"]
 
 
-@pytest.mark.parametrize("fault", ["wrong_nonce", "bad_signature", "wrong_audience", "expired"])
+@pytest.mark.parametrize("fault", ["wrong_nonce", "bad_signature", "wrong_audience", "expired",
+                                   "wrong_azp"])
 def test_an_id_token_that_does_not_check_out_stores_nothing(
     app: Flask, alices: Browser, connection_for: Callable[..., dict[str, Any]],
     oidc_provider: OidcProvider, fault: str,
@@ -408,3 +413,158 @@ def test_the_connect_page_has_the_portals_header_message_block_and_expiry(
     assert '<h2 id="app-message-heading">Message from mcp-server-1</h2>' in text
     assert "<blockquote>Connect &lt;b&gt;now&lt;/b&gt;</blockquote>" in text
     assert f'<time datetime="{link["expires_at"]}" data-local-time>' in text
+
+
+# --- provider URLs: one rule for the catalog and discovery ------------------------------
+
+
+@pytest.mark.parametrize(("endpoint", "said"), [
+    ("https://idp.example.com;frame-ancestors *;/authorize", "holds a character"),
+    ("http://idp.example.com/authorize", "must be an https:// URL"),
+])
+def test_a_discovered_authorization_endpoint_that_breaks_the_url_rule_is_refused(
+    alices: Browser, connection_for: Callable[..., dict[str, Any]],
+    oidc_provider: OidcProvider, endpoint: str, said: str,
+) -> None:
+    oidc_provider.set_discovery(authorization_endpoint=endpoint)
+    link = connection_for("alice")
+    page = alices.get(f"/e/{link['id']}")
+    text = page.get_data(as_text=True)
+    assert f"its authorization_endpoint {said}" in text
+    policy = page.headers["Content-Security-Policy"]
+    assert "idp.example.com" not in policy
+    assert "form-action 'self';" in policy
+    assert "frame-ancestors 'none';" in policy
+    assert "frame-ancestors *" not in policy
+    # Pressing Connect anyway sends the browser nowhere.
+    sent = alices.post_form(f"/e/{link['id']}/connect", {}, page=f"/e/{link['id']}")
+    assert sent.status_code == 503
+    assert "Location" not in sent.headers
+    assert "its authorization_endpoint" in sent.get_data(as_text=True)
+
+
+# --- OpenID answers: complete, or refused ------------------------------------------------
+
+
+def revocations(provider: OidcProvider) -> list[tuple[str | None, int | None]]:
+    """What connect-app's revocation requests found and answered."""
+    return [(r["found"], r["status"]) for r in provider.connect_stats()["revocations"]]
+
+
+def test_an_openid_answer_without_an_id_token_stores_nothing_and_revokes_its_tokens(
+    app: Flask, alices: Browser, connection_for: Callable[..., dict[str, Any]],
+    oidc_provider: OidcProvider,
+) -> None:
+    link = connection_for("alice")  # the type asks for openid
+    back = oidc_provider.connect_login(start(alices, link["id"]), "alice")
+    oidc_provider.set_connect(token_fault="no_id_token")
+    page = alices.get(path_of(back))
+    assert page.status_code == 400
+    text = page.get_data(as_text=True)
+    assert "without the ID token" in text
+    assert "Nothing was stored" in text
+    assert rows(app, Credential) == []
+    assert status_of(app, link["id"]) == "opened"
+    # The tokens the code bought are not left valid at the provider.
+    assert revocations(oidc_provider)[0] == ("refresh_token", 200)
+    [discarded] = rows(app, AuditEvent, AuditEvent.action == "oauth.tokens_discarded")
+    assert discarded.target == link["id"]
+    assert discarded.details["reason"] == "refused"
+
+
+def test_a_discovery_without_s256_is_refused(
+    app: Flask, settings: Settings, alices: Browser,
+    connection_for: Callable[..., dict[str, Any]], oidc_provider: OidcProvider,
+) -> None:
+    oidc_provider.set_discovery(code_challenge_methods_supported=["plain"])
+    link = connection_for("alice")
+    text = alices.get(f"/e/{link['id']}").get_data(as_text=True)
+    assert "does not list S256 in code_challenge_methods_supported" in text
+    sent = alices.post_form(f"/e/{link['id']}/connect", {}, page=f"/e/{link['id']}")
+    assert sent.status_code == 503
+    # gateway serve refuses to start on it; gateway status says why.
+    [problem] = preflight.oauth_problems(settings)
+    assert problem.setting == "[example.oauth] issuer"
+    assert "does not list S256" in problem.problem
+    assert problem.refuses_start
+    oidc_provider.set_discovery()
+    assert preflight.oauth_problems(settings) == []
+
+
+# --- loose ends: a short-lived state, and tokens that arrive too late --------------------
+
+
+def test_a_state_lives_15_minutes_after_connect_whatever_the_links_life(
+    app: Flask, alices: Browser, connection_for: Callable[..., dict[str, Any]],
+    oidc_provider: OidcProvider, clock: Any,
+) -> None:
+    link = connection_for("alice", ttl_seconds=86400)
+    back = oidc_provider.connect_login(start(alices, link["id"]), "alice")
+    clock.advance(minutes=10)
+    assert alices.get("/account").status_code == 200  # the session stays alive meanwhile
+    clock.advance(minutes=5, seconds=1)
+    page = alices.get(path_of(back))
+    assert page.status_code == 400
+    assert "took too long" in page.get_data(as_text=True)
+    assert oidc_provider.connect_stats()["token_calls"].get("authorization_code", 0) == 0
+    assert status_of(app, link["id"]) == "opened"  # Connect can be pressed again
+
+
+def test_tokens_for_a_link_cancelled_during_the_exchange_are_revoked_not_stored(
+    app: Flask, alices: Browser, api: Api, connection_for: Callable[..., dict[str, Any]],
+    oidc_provider: OidcProvider,
+) -> None:
+    link = connection_for("alice")
+    back = oidc_provider.connect_login(start(alices, link["id"]), "alice")
+    # The provider spends the code at once and holds its answer back a moment.
+    oidc_provider.set_connect(token_fault="slow", slow_seconds=2)
+    with ThreadPoolExecutor(1) as pool:
+        returned = pool.submit(alices.get, path_of(back))
+        deadline = time.monotonic() + 10
+        while not oidc_provider.connect_stats()["token_requests"]:
+            assert time.monotonic() < deadline, "the code was never sent to the provider"
+            time.sleep(0.05)
+        cancelled = api.post(f"/api/v1/elicitations/{link['id']}/cancel", {})
+        assert cancelled.status_code == 200, cancelled.get_data(as_text=True)
+        page = returned.result(timeout=30)
+    assert "This request was withdrawn" in page.get_data(as_text=True)
+    assert rows(app, Credential) == []
+    assert status_of(app, link["id"]) == "cancelled"
+    assert revocations(oidc_provider)[0] == ("refresh_token", 200)
+    [discarded] = rows(app, AuditEvent, AuditEvent.action == "oauth.tokens_discarded")
+    assert discarded.details == {"reason": "link-ended",
+                                 "provider_revocation": "revoked at the provider"}
+
+
+def test_a_return_that_finds_its_link_completed_meanwhile_keeps_the_other_connection(
+    app: Flask, alices: Browser, connection_for: Callable[..., dict[str, Any]],
+    oidc_provider: OidcProvider,
+) -> None:
+    link = connection_for("alice")
+    session = new_session()  # one browser at the provider: signed in once, one grant
+    first = oidc_provider.connect_login(start(alices, link["id"]), "alice", session=session)
+    second = oidc_provider.connect_login(start(alices, link["id"]), None, session=session)
+    # The second tab's code is exchanged slowly; the first tab's return
+    # completes the link meanwhile.
+    oidc_provider.set_connect(token_fault="slow", slow_seconds=2)
+    with ThreadPoolExecutor(1) as pool:
+        late = pool.submit(alices.get, path_of(second))
+        deadline = time.monotonic() + 10
+        while not oidc_provider.connect_stats()["token_requests"]:
+            assert time.monotonic() < deadline, "the code was never sent to the provider"
+            time.sleep(0.05)
+        oidc_provider.set_connect(token_fault=None)
+        assert "is connected" in alices.get(path_of(first)).get_data(as_text=True)
+        page = late.result(timeout=30).get_data(as_text=True)
+    assert "This request is complete" in page
+    assert "is connected" not in page
+    [credential] = rows(app, Credential)
+    assert status_of(app, link["id"]) == "completed"
+    # The late tokens share the stored connection's grant at the provider:
+    # revoking them would end it, so they are only dropped.
+    assert revocations(oidc_provider) == []
+    [discarded] = rows(app, AuditEvent, AuditEvent.action == "oauth.tokens_discarded")
+    assert discarded.details["reason"] == "completed-by-another-return"
+    with app.app_context():
+        kept = reveal_token_set(current_keyring(), credential)
+    assert oidc_provider.connect_refresh(kept.refresh_token).status_code == 200

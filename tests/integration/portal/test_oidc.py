@@ -148,6 +148,7 @@ def test_a_replayed_authorization_code_is_refused(
 @pytest.mark.parametrize(("fault", "reason"), [
     ("wrong_audience", "id-token-audience"),
     ("wrong_issuer", "id-token-issuer"),
+    ("wrong_azp", "id-token-authorized-party"),
     ("bad_signature", "id-token-signature"),
     ("unknown_kid", "id-token-signature"),
     ("expired", "id-token-expiry"),

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from gateway import resources
-from gateway.credentials.catalog import Catalog, CatalogError, load_catalog
+from gateway.credentials.catalog import (
+    Catalog,
+    CatalogError,
+    load_catalog,
+    origin_of,
+    provider_url_problem,
+)
 
 pytestmark = pytest.mark.backend_independent
 
@@ -101,6 +107,56 @@ def test_a_bad_entry_is_refused_in_one_line_naming_the_key(
     assert words in str(caught.value)
     assert "[example.oauth]" in str(caught.value) or "[example]" in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def development(host: str, port: int) -> bool:
+    return f"{host}:{port}" == "127.0.0.1:9000"
+
+
+@pytest.mark.parametrize(("url", "words"), [
+    ("https://idp.example.com;frame-ancestors *;/authorize", "holds a character"),
+    ("https://idp.example.com/authorize;x", "holds a character"),
+    ("https://idp.example.com/a b", "holds a character"),
+    ('https://idp.example.com/"', "holds a character"),
+    ("https://idp.example.com/\r\nSet-Cookie:x", "holds a character"),
+    ("https://idp.exämple.com/", "holds a character"),
+    ("http://idp.example.com/authorize", "must be an https:// URL"),
+    ("http://127.0.0.1:9001/authorize", "must be an https:// URL"),
+    ("javascript://idp.example.com/", "must be an https:// URL"),
+    ("https://user:pw@idp.example.com/authorize", "user name or password"),
+    ("https://idp.example.com@evil.example/authorize", "user name or password"),
+    ("https://idp_example.com/authorize", "no valid host name"),
+    ("https://idp.example.com./authorize", "no valid host name"),
+    ("https:///authorize", "no valid host name"),
+    ("https://idp.example.com:0/authorize", "invalid port"),
+    ("https://idp.example.com:99999/authorize", "invalid port"),
+    ("https://idp.example.com:/authorize", "invalid host or port"),
+    ("https://idp.example.com/authorize#top", "fragment"),
+])
+def test_the_provider_url_rule_refuses(url: str, words: str) -> None:
+    problem = provider_url_problem(url, development)
+    assert problem is not None
+    assert words in problem
+
+
+@pytest.mark.parametrize(("url", "origin"), [
+    ("https://idp.example.com/authorize?prompt=consent", "https://idp.example.com"),
+    ("https://IDP.Example.com:443/authorize", "https://idp.example.com"),
+    ("https://idp.example.com:8443/authorize", "https://idp.example.com:8443"),
+    ("https://[2001:db8::1]:8443/authorize", "https://[2001:db8::1]:8443"),
+    ("http://127.0.0.1:9000/auth", "http://127.0.0.1:9000"),
+])
+def test_a_fit_url_gives_the_origin_a_csp_source_is_built_from(url: str, origin: str) -> None:
+    assert provider_url_problem(url, development) is None
+    assert origin_of(url) == origin
+
+
+@pytest.mark.parametrize("key", ["authorization_url", "token_url", "revocation_url",
+                                 "userinfo_url", "issuer"])
+def test_every_provider_url_of_the_catalog_is_held_to_the_rule(tmp_path: Path, key: str) -> None:
+    with pytest.raises(CatalogError) as caught:
+        load(tmp_path, entry(**{key: '"https://idp.example.com;frame-ancestors *;/x"'}))
+    assert f"[example.oauth]: {key} holds a character" in str(caught.value)
 
 
 @pytest.mark.parametrize(("text", "words"), [

@@ -1,4 +1,4 @@
-"""The state store: a state is single use, for one browser, until its link expires."""
+"""The state store: a state is single use, for one browser, for 15 minutes at most."""
 
 from __future__ import annotations
 
@@ -98,6 +98,34 @@ def test_it_expires_with_its_link_and_is_then_forgotten(
         states.claim(session, clock, PEPPER, state, ALICES_BROWSER)
     assert states.forget_expired(session, clock) == 1
     assert session.scalars(select(OAuthState)).all() == []
+
+
+def test_a_long_lived_link_gives_its_state_15_minutes_from_the_press_of_connect(
+    session: Session, clock: FixedClock,
+) -> None:
+    elicitation = session.get(Elicitation, "el_connect")
+    assert elicitation is not None
+    elicitation.expires_at = START + timedelta(days=7)
+    session.commit()
+    clock.advance(hours=2)  # the user opened the link, then pressed Connect later
+    state = issued(session, clock)
+    [row] = session.scalars(select(OAuthState)).all()
+    assert row.expires_at == START + timedelta(hours=2, minutes=15)
+    clock.advance(minutes=14, seconds=59)
+    assert states.claim(session, clock, PEPPER, state, ALICES_BROWSER).id == "el_connect"
+    session.rollback()  # unused again, to try it a second later
+    clock.advance(seconds=1)
+    with pytest.raises(states.CallbackRefused, match="expired"):
+        states.claim(session, clock, PEPPER, state, ALICES_BROWSER)
+
+
+def test_a_link_that_ends_sooner_ends_its_state_with_it(
+    session: Session, clock: FixedClock,
+) -> None:
+    clock.advance(minutes=10)
+    issued(session, clock)
+    [row] = session.scalars(select(OAuthState)).all()
+    assert row.expires_at == START + timedelta(minutes=15)
 
 
 def test_the_verifier_and_nonce_follow_from_the_state_and_the_key_alone() -> None:
