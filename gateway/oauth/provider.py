@@ -461,12 +461,12 @@ def token_answer(document: object) -> dict[str, Any]:
     The messages name the field, never its value.
     """
     if not isinstance(document, dict):
-        raise UnusableAnswer("it is not a JSON object")
+        raise UnusableAnswer("it is not JSON, or not a JSON object")
     if "error" in document:
         raise UnusableAnswer("it carries an error with a success status")
     answer: dict[str, Any] = {"access_token": _token(document, "access_token")}
     if answer["access_token"] is None:
-        raise UnusableAnswer("it has no access_token")
+        raise UnusableAnswer("it came without an access_token")
     token_type = document.get("token_type")
     if not isinstance(token_type, str) or token_type.lower() != "bearer":
         raise UnusableAnswer("its token_type is not Bearer, the only type the gateway supports"

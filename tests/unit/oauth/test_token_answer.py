@@ -55,8 +55,8 @@ def test_a_scope_list_becomes_a_scope_string() -> None:
 
 
 @pytest.mark.parametrize(("change", "words"), [
-    ({"access_token": None}, "it has no access_token"),
-    ({"access_token": ""}, "it has no access_token"),
+    ({"access_token": None}, "it came without an access_token"),
+    ({"access_token": ""}, "it came without an access_token"),
     ({"access_token": 12345}, "its access_token is not a string"),
     ({"access_token": "line\nbreak"}, "its access_token is not a string"),
     ({"token_type": None}, "it has no token_type"),
