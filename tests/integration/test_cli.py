@@ -83,6 +83,7 @@ def test_malformed_config_stops_with_one_line(
     invoke_gateway: Callable[..., Result], cli_environ: dict[str, str], instance_path: Path,
 ) -> None:
     (instance_path / "gateway.toml").write_text("public_url = \n")
+    (instance_path / "gateway.toml").chmod(0o600)
     result = invoke_gateway("db", "current", env=cli_environ)
     assert result.code == 1
     assert len(result.stderr.strip().splitlines()) == 1
@@ -136,6 +137,7 @@ def test_a_config_file_without_a_secret_is_named(
 ) -> None:
     config = instance_path / "gateway.toml"
     config.write_text(f'secret_key = "{"s" * 40}"\n')
+    config.chmod(0o600)
     result = invoke_gateway("status", env=without_secrets(cli_environ))
     assert result.code == 1
     assert result.stderr.strip() == (f"Error: GATEWAY_TOKEN_PEPPER: not set, neither in {config} "
