@@ -31,7 +31,8 @@ from gateway.clock import FixedClock, SystemClock
 from gateway.credentials.catalog import current_catalog
 from gateway.outbound import OutboundPolicy
 from gateway.settings import Settings, load_settings
-from gateway.vault.keyring import load_keyring
+from gateway.vault.keyring import current_keyring
+from gateway.vault.sealing import store_sealed
 from tests import databases
 
 # A real OpenID Connect provider on loopback, for the identity tests.
@@ -221,13 +222,19 @@ def register(app: Flask, settings: Settings) -> Callable[..., Registered]:
 
     def make(name: str | None = None, *, credential_types: list[str] | None = None,
              webhook_url: str | None = None) -> Registered:
-        with app.app_context(), db.transaction() as session:
-            minted = clients.create_client(
-                session, SystemClock(), keyring=load_keyring(settings),
-                pepper=settings.token_pepper, catalog=current_catalog(),
-                name=name or f"mcp-server-{next(counter)}", webhook_url=webhook_url,
-                credential_types=credential_types or [], actor="test",
-                policy=OutboundPolicy.from_settings(settings))
+        name = name or f"mcp-server-{next(counter)}"
+
+        def attempt() -> clients.Minted:
+            with db.transaction() as session:
+                return clients.create_client(
+                    session, SystemClock(), keyring=current_keyring(),
+                    pepper=settings.token_pepper, catalog=current_catalog(),
+                    name=name, webhook_url=webhook_url,
+                    credential_types=credential_types or [], actor="test",
+                    policy=OutboundPolicy.from_settings(settings))
+
+        with app.app_context():
+            minted = store_sealed(current_keyring(), attempt)
         return Registered(minted.client.id, minted.client.name, minted.api_token,
                           minted.webhook_secret)
 

@@ -54,6 +54,7 @@ from gateway.pagination import timestamp
 from gateway.tokens import new_id
 from gateway.vault.envelope import VaultError
 from gateway.vault.keyring import KeySource
+from gateway.vault.sealing import store_sealed
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +225,18 @@ def _store(ask: Reveal, provider: Provider, seen: Credential, nonce: bytes, toke
     new = token_set_of(answer, tokens)
     expires_at = token_expiry(answer, now)
     scopes = granted_scopes(answer, tuple(seen.scopes or ()))
+    # Sealed in the transaction, and again if its key version was retired meanwhile.
+    stored = store_sealed(ask.keyring, lambda: _write(ask, seen, nonce, tokens, new, now,
+                                                     expires_at, scopes, holder))
+    if stored is None:
+        _orphaned(ask, provider, new)
+        return None
+    return Revealed(seen.id, seen.type, new, expires_at, scopes, seen.account)
+
+
+def _write(ask: Reveal, seen: Credential, nonce: bytes, tokens: TokenSet, new: TokenSet,
+           now: datetime, expires_at: datetime | None, scopes: list[str], holder: str) -> Any:
+    """The conditional store of the new token set, sealed now; None if the row moved on."""
     envelope = sealed(ask.keyring, seen, new)
     with db.transaction() as session:
         stored = session.execute(
@@ -246,10 +259,7 @@ def _store(ask: Reveal, provider: Provider, seen: Credential, nonce: bytes, toke
                          target=seen.id, source_ip=ask.source_ip, details=details)
             service.record_reveal(session, ask.clock, seen, actor=ask.actor,
                                   source_ip=ask.source_ip)
-    if stored is None:
-        _orphaned(ask, provider, new)
-        return None
-    return Revealed(seen.id, seen.type, new, expires_at, scopes, seen.account)
+    return stored
 
 
 def _orphaned(ask: Reveal, provider: Provider, new: TokenSet) -> None:

@@ -24,7 +24,7 @@ from gateway.elicitations.models import Elicitation
 from gateway.vault import versions as key_versions
 from gateway.vault.envelope import seal
 from gateway.vault.keyring import read_keyring_file
-from gateway.vault.models import VaultInstance
+from gateway.vault.models import KeyVersion, VaultInstance
 from gateway.vault.versions import KeyVersions
 from tests.integration.conftest import GATEWAY, Result
 
@@ -58,6 +58,8 @@ def stored(engine: Engine, keyring_file: Path) -> dict[str, str]:
     with Session(engine) as session:
         session.add(Client(id="cl_keys", name="keys", status="active", credential_types=[],
                            created_at=NOW))
+        # Listed, as the first process to wrap with it lists it: the sealed rows refer to it.
+        session.add(KeyVersion(version=1, root_version=None, wrapped_key=None, created_at=NOW))
         session.flush()
         for number in range(COUNT):
             elicitation = Elicitation(

@@ -13,9 +13,15 @@ from sqlalchemy import select
 from gateway import db
 from gateway.app import create_app
 from gateway.clock import FixedClock
+from gateway.credentials import service as credentials
+from gateway.credentials.catalog import current_catalog
 from gateway.credentials.models import Credential
+from gateway.elicitations import views
+from gateway.elicitations.models import Elicitation
+from gateway.identity.sessions import Subject
 from gateway.settings import Settings
 from gateway.vault import versions
+from gateway.vault.keyring import current_keyring
 from tests.conftest import Api, client_for
 from tests.integration.conftest import Result
 from tests.integration.portal.conftest import Browser
@@ -129,3 +135,39 @@ def test_two_instances_open_what_the_other_and_the_command_line_sealed(
     assert failed_reveals(apis, stored) == []
     ok(invoke_gateway("keys", "retire", "v1"))
     assert failed_reveals(apis, stored) == []
+
+
+def test_a_key_whose_version_is_retired_before_it_is_stored_is_sealed_again(
+    app: Flask, api: Api, clock: FixedClock, settings: Settings,
+    link_for: Callable[..., dict[str, Any]], make_user: Callable[..., str],
+    invoke_gateway: Callable[..., Result],
+) -> None:
+    make_user("dave")
+    link = link_for("dave")
+    # The page seals the key under v1, then stores it in a later transaction...
+    with app.app_context():
+        read = db.session().get(Elicitation, link["id"])
+        assert read is not None
+        generic = current_catalog().get("generic")
+        assert generic is not None
+        credential = credentials.seal_for(current_keyring(), read, generic, "sk-in-flight",
+                                          clock.now())
+    assert credential.key_version == 1
+
+    # ...and meanwhile the operator rotates, this instance moves on to v2, the
+    # stored secrets are rewrapped and v1 is retired: nothing counted uses it.
+    ok(invoke_gateway("keys", "rotate"))
+    clock.advance(seconds=versions.REFRESH.total_seconds())
+    with app.app_context():
+        assert current_keyring().current_version == 2
+    ok(invoke_gateway("keys", "rewrap"))
+    ok(invoke_gateway("keys", "retire", "v1"))
+
+    with app.test_request_context():
+        stored = views.store(link["id"], Subject(settings.public_url, "dave"), credential)
+    assert stored.status == "completed"
+    [item] = api.get("/api/v1/credentials").get_json()["items"]
+    assert key_version(app, item["id"]) == 2
+    revealed = api.post(f"/api/v1/credentials/{item['id']}/reveal")
+    assert revealed.status_code == 200, revealed.get_data(as_text=True)
+    assert revealed.get_json()["secret"] == "sk-in-flight"
