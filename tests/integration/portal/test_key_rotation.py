@@ -12,6 +12,8 @@ from sqlalchemy import select
 
 from gateway import db
 from gateway.app import create_app
+from gateway.clients.models import Client, WebhookSecret
+from gateway.clients.service import current_webhook_secrets
 from gateway.clock import FixedClock
 from gateway.credentials import service as credentials
 from gateway.credentials.catalog import current_catalog
@@ -22,7 +24,8 @@ from gateway.identity.sessions import Subject
 from gateway.settings import Settings
 from gateway.vault import versions
 from gateway.vault.keyring import current_keyring
-from tests.conftest import Api, client_for
+from gateway.vault.models import VaultInstance
+from tests.conftest import Api, Registered, client_for
 from tests.integration.conftest import Result
 from tests.integration.portal.conftest import Browser
 
@@ -171,3 +174,27 @@ def test_a_key_whose_version_is_retired_before_it_is_stored_is_sealed_again(
     apis = [api, Api(client_for(other_app), api.token)]
     assert failed_reveals(apis, {item["id"]: "sk-in-flight"}) == []
     assert key_version(app, item["id"]) == 2
+
+
+def test_a_webhook_secret_sealed_under_a_version_retired_meanwhile_is_sealed_again(
+    app: Flask, clock: FixedClock, register: Callable[..., Registered],
+    invoke_gateway: Callable[..., Result],
+) -> None:
+    with app.app_context():
+        assert current_keyring().current_version == 1  # and so it stays for up to REFRESH
+    ok(invoke_gateway("keys", "rotate"))
+    # Its heartbeat no longer holds v1, as when a sibling's newer one replaced it.
+    with app.app_context(), db.transaction() as session:
+        for beat in session.scalars(select(VaultInstance)):
+            beat.seen_at -= versions.HEARTBEAT_FRESH
+    ok(invoke_gateway("keys", "retire", "v1"))
+
+    # Registered as `gateway clients create` does: sealed under v1, refused, sealed again.
+    registered = register()
+    with app.app_context():
+        client = db.session().get(Client, registered.id)
+        assert client is not None
+        assert current_webhook_secrets(db.session(), clock, current_keyring(), client) == [
+            registered.webhook_secret]
+        [secret] = db.session().scalars(select(WebhookSecret)).all()
+        assert secret.key_version == 2
