@@ -126,7 +126,8 @@ def rewrap(limit: int | None) -> None:
     click.echo(f"{moved} secret(s) now wrapped by v{current}")
     if unopened:
         cli.fail(f"{unopened} secret(s) did not open and stay under their key version "
-                 "(listed above); restore the key they need, or revoke them")
+                 "(listed above), which cannot be retired while they exist; restore the key "
+                 "they need, or revoke and purge them (`gateway credentials purge`)")
     if limit is not None and moved == limit:
         click.echo("stopped at --max; run it again to go on")
 
