@@ -58,11 +58,11 @@ class SealedColumns:
 
     key_version: Mapped[int] = mapped_column(
         ForeignKey("key_versions.version", ondelete="RESTRICT"), index=True)
-    # What seal() sealed, until the row is stored; never a column.
-    _sealing: tuple[KeySource, bytes, bytes]
     wrapped_key: Mapped[bytes] = mapped_column(LargeBinary(128))
     nonce: Mapped[bytes] = mapped_column(LargeBinary(12))
     ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
+    # What seal() sealed, until the row is stored; never a column.
+    _sealing: tuple[KeySource, bytes, bytes]
 
     @property
     def envelope(self) -> Envelope:
