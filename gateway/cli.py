@@ -163,8 +163,13 @@ def open_key_versions() -> KeyVersions:
     from gateway.vault import versions
 
     engine = make_engine(settings().database_url)
-    click.get_current_context().call_on_close(engine.dispose)
-    return versions.for_command(settings(), engine, SystemClock(), role="cli")
+    context = click.get_current_context()
+    context.call_on_close(engine.dispose)
+    store = versions.for_command(settings(), engine, SystemClock(), role="cli")
+    # Once the command ends it wraps nothing more: its heartbeat must not hold
+    # a version that `gateway keys retire` could otherwise retire at once.
+    context.call_on_close(store.withdraw)
+    return store
 
 
 def echo_json(value: Any) -> None:

@@ -110,6 +110,10 @@ class KeyVersions:
         self._read: _Read | None = None
         self._number = next(_STORES)
 
+    @property
+    def _instance(self) -> str:
+        return f"{socket.gethostname()}:{os.getpid()}.{self._number}"[:200]
+
     def __repr__(self) -> str:
         known = "not read yet" if self._read is None else \
             ", ".join(f"v{v}" for v in sorted(self._read.keys, reverse=True))
@@ -137,6 +141,16 @@ class KeyVersions:
     def refresh(self) -> None:
         """Read the versions now, as a rotation tells the processes it can reach to."""
         self._load(announce=True)
+
+    def withdraw(self) -> None:
+        """Delete this process's heartbeat: it wraps nothing more (a command that ends)."""
+        try:
+            with Session(without_waiting(self._engine)) as session, session.begin():
+                session.execute(delete(VaultInstance)
+                                .where(VaultInstance.instance == self._instance))
+        except SQLAlchemyError as error:
+            log.debug("could not withdraw the heartbeat (%s); it goes stale by itself",
+                      type(error).__name__)
 
     def snapshot(self) -> Keyring:
         """The versions as the database holds them now, fixed (for a long run like rewrap)."""
@@ -176,7 +190,7 @@ class KeyVersions:
         Unless ``listed``, the version is one of the configured keyring, and
         is listed in the table first if it is not yet: what it seals refers to it.
         """
-        instance = f"{socket.gethostname()}:{os.getpid()}.{self._number}"[:200]
+        instance = self._instance
         try:
             # Never waits: on SQLite this process may itself hold the write
             # lock (a secret sealed inside a transaction). Then that

@@ -12,6 +12,7 @@ from sqlalchemy import select
 
 from gateway import db
 from gateway.app import create_app
+from gateway.clients import service as clients
 from gateway.clients.models import Client, WebhookSecret
 from gateway.clients.service import current_webhook_secrets
 from gateway.clock import FixedClock
@@ -21,11 +22,13 @@ from gateway.credentials.models import Credential
 from gateway.elicitations import views
 from gateway.elicitations.models import Elicitation
 from gateway.identity.sessions import Subject
+from gateway.outbound import OutboundPolicy
 from gateway.settings import Settings
 from gateway.vault import versions
 from gateway.vault.keyring import current_keyring
 from gateway.vault.models import VaultInstance
-from tests.conftest import Api, Registered, client_for
+from gateway.vault.sealing import store_sealed
+from tests.conftest import Api, client_for
 from tests.integration.conftest import Result
 from tests.integration.portal.conftest import Browser
 
@@ -177,8 +180,7 @@ def test_a_key_whose_version_is_retired_before_it_is_stored_is_sealed_again(
 
 
 def test_a_webhook_secret_sealed_under_a_version_retired_meanwhile_is_sealed_again(
-    app: Flask, clock: FixedClock, register: Callable[..., Registered],
-    invoke_gateway: Callable[..., Result],
+    app: Flask, clock: FixedClock, settings: Settings, invoke_gateway: Callable[..., Result],
 ) -> None:
     with app.app_context():
         assert current_keyring().current_version == 1  # and so it stays for up to REFRESH
@@ -189,12 +191,22 @@ def test_a_webhook_secret_sealed_under_a_version_retired_meanwhile_is_sealed_aga
             beat.seen_at -= versions.HEARTBEAT_FRESH
     ok(invoke_gateway("keys", "retire", "v1"))
 
-    # Registered as `gateway clients create` does: sealed under v1, refused, sealed again.
-    registered = register()
+    # Registered with the versions read before the retire (v1), as `gateway clients
+    # create` registers: sealed under v1, refused by the database, sealed again.
     with app.app_context():
-        client = db.session().get(Client, registered.id)
+        keyring = current_keyring()
+
+        def create() -> clients.Minted:
+            with db.transaction() as session:
+                return clients.create_client(
+                    session, clock, keyring=keyring, pepper=settings.token_pepper,
+                    catalog=current_catalog(), name="late", webhook_url=None,
+                    credential_types=[], actor="test", policy=OutboundPolicy())
+
+        minted = store_sealed(keyring, create)
+        client = db.session().get(Client, minted.client.id)
         assert client is not None
-        assert current_webhook_secrets(db.session(), clock, current_keyring(), client) == [
-            registered.webhook_secret]
+        assert current_webhook_secrets(db.session(), clock, keyring, client) == [
+            minted.webhook_secret]
         [secret] = db.session().scalars(select(WebhookSecret)).all()
         assert secret.key_version == 2
