@@ -329,3 +329,14 @@ def test_a_retire_racing_a_store_under_its_version_cannot_both_commit(
         keyring = KeyVersions(engine, lambda: read_keyring_file(keyring_file), SystemClock(),
                               role="test")
         assert reveal_secret(keyring, stored) == "in-flight"
+
+
+def test_a_command_that_sealed_a_secret_holds_no_version_once_it_ends(
+    invoke_gateway: Callable[..., Result], engine: Engine, keyring_file: Path,
+) -> None:
+    ok(invoke_gateway("clients", "create", "mcp"))  # seals its webhook secret under v1
+    ok(invoke_gateway("keys", "rotate"))
+    ok(invoke_gateway("keys", "rewrap"))
+    # No "running instance still wraps with v1": the command is gone.
+    ok(invoke_gateway("keys", "retire", "v1"))
+    assert stored_versions(engine) == [2]
