@@ -45,6 +45,9 @@ def store(client_id: str, subject_iss: str, subject_sub: str) -> str:
     engine = make_engine(settings.database_url)
     try:
         keyring = versions.for_command(settings, engine, clock, role="cli")
+        # Read (and its version listed) before the transaction, which on SQLite
+        # holds the one write lock when the token set is sealed.
+        keyring.refresh()
         now = clock.now()
         answer = {"access_token": ACCESS_TOKEN, "token_type": "Bearer",
                   "refresh_token": "bench-refresh-" + "r" * 40,

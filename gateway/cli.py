@@ -12,13 +12,13 @@ import importlib
 import json
 import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 
 import click
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway import __version__
@@ -27,7 +27,10 @@ from gateway.files import FileError
 from gateway.settings import Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:
+    from gateway.vault.keyring import KeySource
     from gateway.vault.versions import KeyVersions
+
+T = TypeVar("T")
 
 # Commands of each feature, as name → "module:attribute". A feature adds its
 # line here; its module is imported only when the command runs.
@@ -94,9 +97,14 @@ def operator() -> str:
 
 
 @contextmanager
-def transaction() -> Iterator[Session]:
-    """One transaction on the configured database; domain errors become one line."""
+def transaction(*, sealing: bool = False) -> Iterator[Session]:
+    """One transaction on the configured database; domain errors become one line.
+
+    ``sealing``: the refusal of a secret sealed under a key version retired
+    meanwhile is raised as it is, for :func:`sealed_transaction` to seal again.
+    """
     from gateway.db import make_engine
+    from gateway.vault.sealing import refers_to_missing_version
 
     engine = make_engine(settings().database_url)
     session = sessionmaker(engine, expire_on_commit=False)()
@@ -108,11 +116,31 @@ def transaction() -> Iterator[Session]:
         fail(error.detail)
     except SQLAlchemyError as error:
         session.rollback()
+        if sealing and isinstance(error, IntegrityError) and refers_to_missing_version(error):
+            raise
         fail(f"database error ({error.__class__.__name__}); is the schema current? "
              "run `gateway db upgrade`")
     finally:
         session.close()
         engine.dispose()
+
+
+def sealed_transaction(keyring: KeySource, work: Callable[[Session], T]) -> T:
+    """``work`` in one transaction that seals a secret, run again (sealing anew) if need be.
+
+    Its key version may be retired before the transaction commits; ``work``
+    then runs again, sealing under the current version.
+    """
+    from gateway.vault.sealing import store_sealed
+
+    def attempt() -> T:
+        with transaction(sealing=True) as session:
+            return work(session)
+
+    try:
+        return store_sealed(keyring, attempt)
+    except IntegrityError:
+        fail("the key version kept being retired while the secret was stored; try again")
 
 
 def key_versions() -> KeyVersions:
@@ -135,8 +163,13 @@ def open_key_versions() -> KeyVersions:
     from gateway.vault import versions
 
     engine = make_engine(settings().database_url)
-    click.get_current_context().call_on_close(engine.dispose)
-    return versions.for_command(settings(), engine, SystemClock(), role="cli")
+    context = click.get_current_context()
+    context.call_on_close(engine.dispose)
+    store = versions.for_command(settings(), engine, SystemClock(), role="cli")
+    # Once the command ends it wraps nothing more: its heartbeat must not hold
+    # a version that `gateway keys retire` could otherwise retire at once.
+    context.call_on_close(store.withdraw)
+    return store
 
 
 def echo_json(value: Any) -> None:
@@ -226,7 +259,20 @@ class Group(click.Group):
 
 
 class FeatureGroup(Group):
-    """The top-level group, loading each feature's commands on demand."""
+    """The top-level group, loading each feature's commands on demand.
+
+    Every command runs inside it: a setting, a file or the keyring found bad
+    at any point of a command (some are read only when first needed) is one
+    line, never a traceback.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from gateway.vault.keyring import KeyringError
+
+        try:
+            return super().invoke(ctx)
+        except (SettingsError, FileError, KeyringError) as error:
+            raise click.ClickException(str(error)) from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(FEATURE_COMMANDS)

@@ -187,6 +187,9 @@ def _seed(settings: Settings, webhook_url: str) -> Seeded:
     password = secrets.token_urlsafe(12)
     link: str | None = None
     keyring = versions.for_command(settings, engine, SystemClock(), role="demo")
+    # Read (and the version it wraps with listed) before the transaction: on
+    # SQLite that transaction holds the one write lock when the secret is sealed.
+    keyring.refresh()
     with sessionmaker(engine, expire_on_commit=False).begin() as session:
         client, webhook_secret = _demo_client(session, settings, keyring, webhook_url)
         if settings.login_backend == "local":

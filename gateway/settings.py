@@ -20,6 +20,11 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from gateway.files import FileError, check_private
+
 ENV_PREFIX: Final = "GATEWAY_"
 # GATEWAY_CONFIG chooses where settings come from; it is not a setting itself.
 CONFIG_ENV: Final = "GATEWAY_CONFIG"
@@ -276,6 +281,11 @@ def _read_config_file(path: Path, *, required: bool) -> dict[str, Any]:
     except OSError as error:
         raise SettingsError(CONFIG_ENV, f"cannot read {path}: {error.strerror}") from None
     try:
+        # It holds the secret key and the token pepper: refused as the keyring is.
+        check_private(path, "config file")
+    except FileError as error:
+        raise SettingsError(CONFIG_ENV, str(error)) from None
+    try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise SettingsError(str(path), f"not valid TOML: {error}") from None
@@ -293,6 +303,12 @@ def _validate(values: dict[str, Any]) -> Settings:
     instance_path: Path = values["instance_path"]
     if not values.get("database_url"):
         values["database_url"] = f"sqlite:///{(instance_path / 'gateway.db').resolve()}"
+    try:
+        make_url(values["database_url"])
+    except ArgumentError:
+        raise SettingsError(env_name("database_url"),
+                            "not a database URL (e.g. postgresql+psycopg://user@host/db)") \
+            from None
     _check_choice(values, "login_backend", ("local", "oidc"))
     _check_choice(values, "log_level", ("debug", "info", "warning", "error"))
     _check_choice(values, "log_format", ("text", "json"))

@@ -13,6 +13,7 @@ import os
 import secrets
 import socket
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,7 +32,9 @@ from gateway.clock import FixedClock, SystemClock
 from gateway.credentials.catalog import current_catalog
 from gateway.outbound import OutboundPolicy
 from gateway.settings import Settings, load_settings
-from gateway.vault.keyring import load_keyring
+from gateway.vault import versions
+from gateway.vault.sealing import store_sealed
+from gateway.vault.versions import KeyVersions
 from tests import databases
 
 # A real OpenID Connect provider on loopback, for the identity tests.
@@ -214,6 +217,18 @@ class Registered:
     webhook_secret: str
 
 
+@contextmanager
+def command_keyring(app: Flask) -> Iterator[KeyVersions]:
+    """The key versions as a command holds them: read before its transaction, withdrawn after."""
+    keyring = versions.for_command(app.extensions["gateway.settings"], db.engine_of(app),
+                                   SystemClock(), role="cli")
+    keyring.refresh()
+    try:
+        yield keyring
+    finally:
+        keyring.withdraw()
+
+
 @pytest.fixture
 def register(app: Flask, settings: Settings) -> Callable[..., Registered]:
     """Register API clients (MCP servers) the way `gateway clients create` does."""
@@ -221,13 +236,19 @@ def register(app: Flask, settings: Settings) -> Callable[..., Registered]:
 
     def make(name: str | None = None, *, credential_types: list[str] | None = None,
              webhook_url: str | None = None) -> Registered:
-        with app.app_context(), db.transaction() as session:
-            minted = clients.create_client(
-                session, SystemClock(), keyring=load_keyring(settings),
-                pepper=settings.token_pepper, catalog=current_catalog(),
-                name=name or f"mcp-server-{next(counter)}", webhook_url=webhook_url,
-                credential_types=credential_types or [], actor="test",
-                policy=OutboundPolicy.from_settings(settings))
+        name = name or f"mcp-server-{next(counter)}"
+        with app.app_context(), command_keyring(app) as keyring:
+
+            def attempt() -> clients.Minted:
+                with db.transaction() as session:
+                    return clients.create_client(
+                        session, SystemClock(), keyring=keyring,
+                        pepper=settings.token_pepper, catalog=current_catalog(),
+                        name=name, webhook_url=webhook_url,
+                        credential_types=credential_types or [], actor="test",
+                        policy=OutboundPolicy.from_settings(settings))
+
+            minted = store_sealed(keyring, attempt)
         return Registered(minted.client.id, minted.client.name, minted.api_token,
                           minted.webhook_secret)
 

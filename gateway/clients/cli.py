@@ -38,11 +38,10 @@ def create(name: str, webhook_url: str | None, credential_types: str, as_json: b
     except CatalogError as error:
         cli.fail(str(error))
     types = [t.strip() for t in credential_types.split(",") if t.strip()]
-    with cli.transaction() as session:
-        minted = service.create_client(
-            session, SystemClock(), keyring=keyring, pepper=settings.token_pepper,
-            catalog=catalog, name=name, webhook_url=webhook_url, credential_types=types,
-            actor=cli.operator(), policy=OutboundPolicy.from_settings(settings))
+    minted = cli.sealed_transaction(keyring, lambda session: service.create_client(
+        session, SystemClock(), keyring=keyring, pepper=settings.token_pepper,
+        catalog=catalog, name=name, webhook_url=webhook_url, credential_types=types,
+        actor=cli.operator(), policy=OutboundPolicy.from_settings(settings)))
     result = {"client_id": minted.client.id, "name": minted.client.name,
               "api_token": minted.api_token, "webhook_secret": minted.webhook_secret}
     if as_json:
@@ -124,10 +123,9 @@ def rotate_webhook_secret(client: str, as_json: bool) -> None:
     settings = cli.settings()
     keyring = cli.key_versions()
     grace = timedelta(hours=settings.webhook_secret_grace_hours)
-    with cli.transaction() as session:
-        secret = service.rotate_webhook_secret(session, SystemClock(), keyring=keyring,
-                                               client_ref=client, grace=grace,
-                                               actor=cli.operator())
+    secret = cli.sealed_transaction(keyring, lambda session: service.rotate_webhook_secret(
+        session, SystemClock(), keyring=keyring, client_ref=client, grace=grace,
+        actor=cli.operator()))
     if as_json:
         cli.echo_json({"client": client, "webhook_secret": secret,
                        "grace_hours": settings.webhook_secret_grace_hours})

@@ -30,6 +30,7 @@ from gateway.settings import Secret
 from gateway.tokens import keyed_digest, new_id, new_token, token_hint
 from gateway.vault.envelope import bind, reveal_plaintext, seal
 from gateway.vault.keyring import KeySource
+from gateway.vault.sealing import refers_to_missing_version
 
 API_TOKEN_PREFIX: Final = "gw_"  # noqa: S105  (a prefix, not a secret)
 WEBHOOK_SECRET_PREFIX: Final = "whsec_"  # noqa: S105  (a prefix, not a secret)
@@ -301,5 +302,7 @@ def webhook_secret_binding(row: WebhookSecret) -> bytes:
 def _flush_unique(session: Session, message: str) -> None:
     try:
         session.flush()
-    except IntegrityError:
+    except IntegrityError as error:
+        if refers_to_missing_version(error):
+            raise  # a webhook secret sealed under a retired key version: sealed again
         raise Conflict(message) from None

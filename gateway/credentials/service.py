@@ -29,7 +29,7 @@ from gateway.elicitations.models import Elicitation
 from gateway.errors import Conflict, GatewayError, NotFound
 from gateway.pagination import decode_cursor, encode_cursor, timestamp
 from gateway.tokens import new_id
-from gateway.vault.envelope import VaultError, bind, reveal_plaintext, seal
+from gateway.vault.envelope import VaultError, bind, reveal_plaintext
 from gateway.vault.keyring import KeySource
 from gateway.webhooks import outbox
 from gateway.wording import with_article
@@ -135,7 +135,7 @@ def seal_for(keyring: KeySource, elicitation: Elicitation, credential_type: Cred
         subject_iss=elicitation.subject_iss, subject_sub=elicitation.subject_sub,
         type=credential_type.id, hint=hint_of(secret), elicitation_id=elicitation.id,
         created_at=now, revoked_at=None)
-    credential.envelope = seal(keyring, secret.encode(), binding(credential))
+    credential.seal(keyring, secret.encode(), binding(credential))
     return credential
 
 

@@ -33,6 +33,7 @@ from gateway.outbound import OutboundPolicy
 from gateway.pagination import timestamp
 from gateway.payments import pages as payments
 from gateway.vault.keyring import current_keyring
+from gateway.vault.sealing import store_sealed
 from gateway.web.context import client_name, current_clock, current_settings
 
 blueprint = Blueprint("portal", __name__)
@@ -125,7 +126,8 @@ def store(elicitation_id: str, subject: Subject, credential: Credential) -> Elic
 
     The subject is checked again: the elicitation may have ended, or been
     opened in another tab, while the key was checked or the provider
-    answered. Run again when another capture for the same owner won the race.
+    answered. Run again when another capture for the same owner won the race,
+    and sealed again when its key version was retired meanwhile.
     """
 
     def attempt() -> Elicitation:
@@ -136,8 +138,10 @@ def store(elicitation_id: str, subject: Subject, credential: Credential) -> Elic
             return credentials.capture(session, current_clock(), current, credential,
                                        actor=actor_of(subject), source_ip=request.remote_addr)
 
-    return db.retry_on_conflict(attempt, attempts=credentials.OWNER_RACES,
-                                conflict=credentials.AnotherLiveKey)
+    return store_sealed(current_keyring(),
+                        lambda: db.retry_on_conflict(attempt, attempts=credentials.OWNER_RACES,
+                                                     conflict=credentials.AnotherLiveKey),
+                        seal_again=credential.seal_again)
 
 
 def _asked_type(elicitation: Elicitation) -> CredentialType | None:

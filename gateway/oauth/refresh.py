@@ -70,8 +70,9 @@ from gateway.oauth.tokens import TokenSet, granted_scopes, reveal_token_set, sea
 from gateway.outbound import attempt_deadline
 from gateway.pagination import timestamp
 from gateway.tokens import new_id
-from gateway.vault.envelope import Envelope, VaultError
+from gateway.vault.envelope import VaultError
 from gateway.vault.keyring import KeySource
+from gateway.vault.sealing import store_sealed
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +243,6 @@ def _refresh(ask: Reveal, provider: Provider, seen: Credential, holder: str) -> 
             return _reveal_now(ask)
         answer = _ask_provider(provider, tokens.refresh_token)
         new = token_set_of(answer, tokens)
-        envelope = sealed(ask.keyring, seen, new)
     except GrantRefused as refused:
         _refused(ask, seen.id, nonce, holder, refused)
         return None
@@ -253,7 +253,7 @@ def _refresh(ask: Reveal, provider: Provider, seen: Credential, holder: str) -> 
         _release_after_failure(seen.id, holder)
         raise
     try:
-        return _store(ask, provider, seen, nonce, tokens, answer, new, envelope, holder)
+        return _store(ask, provider, seen, nonce, tokens, answer, new, holder)
     except BaseException:
         # The store's transaction rolled back, freeing nothing: free the lease apart.
         _release_after_failure(seen.id, holder)
@@ -275,12 +275,24 @@ def _ask_provider(provider: Provider, refresh_token: str) -> dict[str, Any]:
 
 
 def _store(ask: Reveal, provider: Provider, seen: Credential, nonce: bytes, tokens: TokenSet,
-           answer: dict[str, Any], new: TokenSet, envelope: Envelope,
-           holder: str) -> Revealed | None:
+           answer: dict[str, Any], new: TokenSet, holder: str) -> Revealed | None:
     """Store the new token set, free the lease and audit, in one transaction."""
     now = ask.clock.now()
     expires_at = token_expiry(answer, now)
     scopes = granted_scopes(answer, tuple(seen.scopes or ()))
+    # Sealed in the transaction, and again if its key version was retired meanwhile.
+    stored = store_sealed(ask.keyring, lambda: _write(ask, seen, nonce, tokens, new, now,
+                                                     expires_at, scopes, holder))
+    if stored is None:
+        _orphaned(ask, provider, new)
+        return None
+    return Revealed(seen.id, seen.type, new, expires_at, scopes, seen.account)
+
+
+def _write(ask: Reveal, seen: Credential, nonce: bytes, tokens: TokenSet, new: TokenSet,
+           now: datetime, expires_at: datetime | None, scopes: list[str], holder: str) -> Any:
+    """The conditional store of the new token set, sealed now; None if the row moved on."""
+    envelope = sealed(ask.keyring, seen, new)
     with db.transaction() as session:
         stored = session.execute(
             update(Credential)
@@ -302,10 +314,7 @@ def _store(ask: Reveal, provider: Provider, seen: Credential, nonce: bytes, toke
                          target=seen.id, source_ip=ask.source_ip, details=details)
             service.record_reveal(session, ask.clock, seen, actor=ask.actor,
                                   source_ip=ask.source_ip)
-    if stored is None:
-        _orphaned(ask, provider, new)
-        return None
-    return Revealed(seen.id, seen.type, new, expires_at, scopes, seen.account)
+    return stored
 
 
 def _orphaned(ask: Reveal, provider: Provider, new: TokenSet) -> None:

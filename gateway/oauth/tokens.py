@@ -86,13 +86,16 @@ def seal_connection(keyring: KeySource, elicitation: Elicitation,
 
 def reseal(keyring: KeySource, credential: Credential, tokens: TokenSet) -> None:
     """Seal ``tokens`` into the credential, replacing what it held."""
-    credential.envelope = sealed(keyring, credential, tokens)
+    credential.seal(keyring, _plaintext(tokens), binding(credential))
 
 
 def sealed(keyring: KeySource, credential: Credential, tokens: TokenSet) -> Envelope:
     """``tokens`` sealed for the credential's row, to store with a conditional UPDATE."""
-    plaintext = json.dumps(asdict(tokens), separators=(",", ":")).encode()
-    return seal(keyring, plaintext, binding(credential))
+    return seal(keyring, _plaintext(tokens), binding(credential))
+
+
+def _plaintext(tokens: TokenSet) -> bytes:
+    return json.dumps(asdict(tokens), separators=(",", ":")).encode()
 
 
 def reveal_token_set(keyring: KeySource, credential: Credential) -> TokenSet:

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import click
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gateway import cli
@@ -26,6 +27,7 @@ from gateway.clock import SystemClock
 from gateway.credentials.models import Credential
 from gateway.credentials.service import binding as credential_binding
 from gateway.vault import versions
+from gateway.vault.envelope import VaultError
 from gateway.vault.envelope import rewrap as rewrap_envelope
 from gateway.vault.keyring import KEYRING_FILE, Keyring
 
@@ -35,6 +37,8 @@ SEALED: Final[list[tuple[Any, Callable[[Any], bytes]]]] = [
     (Credential, credential_binding),
     (WebhookSecret, webhook_secret_binding),
 ]
+# What an operator calls a row of each, in a message.
+SEALED_NAMES: Final = {Credential: "credential", WebhookSecret: "webhook secret"}
 
 
 def _usage(session: Session) -> dict[int, int]:
@@ -59,7 +63,7 @@ def list_keys(as_json: bool) -> None:
     with cli.transaction() as session:
         usage = _usage(session)
         stored = {v: f"database (root v{row.root_version})"
-                  for v, row in versions.stored(session).items()}
+                  for v, row in versions.stored(session).items() if row.carried_over}
         instances = versions.fresh_heartbeats(session, SystemClock().now())
     known = stored or dict.fromkeys(root.keys, "keyring")
     current = max(known)
@@ -116,19 +120,29 @@ def rewrap(limit: int | None) -> None:
         pending = sum(n for v, n in _usage(session).items() if v != current)
     if limit is not None:
         pending = min(pending, limit)
-    moved = _rewrap_to(keyring, current, limit, pending, lambda: store.current_version)
-    _audit_alone("keys.rewrapped", current, {"secrets": moved})
+    moved, unopened = _rewrap_to(keyring, current, limit, pending,
+                                 lambda: store.current_version)
+    _audit_alone("keys.rewrapped", current, {"secrets": moved, "unopened": unopened})
     click.echo(f"{moved} secret(s) now wrapped by v{current}")
+    if unopened:
+        cli.fail(f"{unopened} secret(s) did not open and stay under their key version "
+                 "(listed above), which cannot be retired while they exist; restore the key "
+                 "they need, or revoke and purge them (`gateway credentials purge`)")
     if limit is not None and moved == limit:
         click.echo("stopped at --max; run it again to go on")
 
 
 def _rewrap_to(keyring: Keyring, current: int, limit: int | None, pending: int,
-               newest: Callable[[], int]) -> int:
-    """Rewrap batch by batch to ``current``; how many secrets moved."""
-    moved = 0
+               newest: Callable[[], int]) -> tuple[int, int]:
+    """Rewrap batch by batch to ``current``; how many secrets moved, how many did not open.
+
+    A row that does not open is named on stderr and left as it is; the rest
+    are rewrapped all the same.
+    """
+    moved = unopened = 0
     with click.progressbar(length=pending, label=f"rewrapping to v{current}") as bar:
         for model, binding in SEALED:
+            after = ""  # rows in id order, so that one left behind is not read again
             while limit is None or moved < limit:
                 if newest() != current:
                     cli.fail(f"a newer key version than v{current} was added meanwhile; "
@@ -138,16 +152,25 @@ def _rewrap_to(keyring: Keyring, current: int, limit: int | None, pending: int,
                     # Locked (PostgreSQL): a connection's refresh may seal a new
                     # token set into a row meanwhile, and the rewrapped key of the
                     # old one must not be written beside it.
-                    rows = session.scalars(select(model).where(model.key_version != current)
+                    rows = session.scalars(select(model).where(model.key_version != current,
+                                                               model.id > after)
                                            .order_by(model.id).limit(size)
                                            .with_for_update()).all()
+                    done = 0
                     for row in rows:
-                        row.envelope = rewrap_envelope(keyring, row.envelope, binding(row))
+                        try:
+                            row.envelope = rewrap_envelope(keyring, row.envelope, binding(row))
+                            done += 1
+                        except VaultError as error:
+                            unopened += 1
+                            click.echo(f"{SEALED_NAMES[model]} {row.id} (v{row.key_version})"
+                                       f" does not open: {error}", err=True)
                 if not rows:
                     break
-                moved += len(rows)
+                after = rows[-1].id
+                moved += done
                 bar.update(len(rows))
-    return moved
+    return moved, unopened
 
 
 def key_version(ctx: click.Context, param: click.Parameter, value: str) -> int:
@@ -182,7 +205,8 @@ def retire(version: int) -> None:
         stored = versions.carry_over(session, root, now)
         if number not in stored:
             cli.fail(f"{name} is not a key version (`gateway keys list` shows them)")
-        if number == max(stored):
+        current = max(v for v, row in stored.items() if row.carried_over)
+        if number == current:
             cli.fail(f"{name} is the current version; rotate first, then rewrap")
         in_use = _usage(session).get(number, 0)
         if in_use:
@@ -192,9 +216,16 @@ def retire(version: int) -> None:
         if wrapping:
             seconds = int(versions.REFRESH.total_seconds())
             cli.fail(f"{len(wrapping)} running instance(s) still wrap new secrets with {name} "
-                     f"({', '.join(wrapping)}); each moves to v{max(stored)} within "
+                     f"({', '.join(wrapping)}); each moves to v{current} within "
                      f"{seconds} s of its next secret: try again in a minute")
         session.delete(stored[number])
+        try:
+            # The database's word, whatever was counted above: a secret sealed
+            # under the version may have been stored since.
+            session.flush()
+        except IntegrityError:
+            cli.fail(f"{name} is still used by a secret stored a moment ago; run "
+                     "`gateway keys rewrap`, then retire it again")
         versions.forget_old_heartbeats(session, now)
         _audit(session, "keys.retired", number)
     click.echo(f"{name} retired")

@@ -42,6 +42,9 @@ class KeySource(Protocol):
     def key(self, version: int) -> bytes:
         """The key of ``version``; :class:`KeyringError` when there is none."""
 
+    def refresh(self) -> None:
+        """Read the versions again now (a version was retired meanwhile)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Keyring:
@@ -64,6 +67,9 @@ class Keyring:
             return self.keys[version]
         except KeyError:
             raise KeyringError(f"key version v{version} is not in the keyring") from None
+
+    def refresh(self) -> None:
+        """Nothing to read again: a keyring is fixed."""
 
     def __repr__(self) -> str:
         versions = ", ".join(f"v{v}" for v in sorted(self.keys, reverse=True))

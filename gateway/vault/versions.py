@@ -14,15 +14,21 @@ reaches every running process on the same database:
   :data:`REFRESH` ago, and it wraps with the newest version it read. Each
   time it reads before wrapping it records, in ``vault_instances``, which
   version it wraps with and when (its heartbeat);
-- ``gateway keys retire vN`` deletes the version only when no stored secret
-  uses it and no heartbeat younger than :data:`HEARTBEAT_FRESH` names it.
-  A heartbeat is that fresh as long as its process may still wrap with the
-  version it names, and :data:`HEARTBEAT_FRESH` leaves a transaction that
-  sealed a secret half a minute to commit it.
+- every sealed row refers to its version in the table (a foreign key that
+  restricts deletion), so the database itself refuses to delete a version a
+  stored secret uses, and refuses to store a secret under a version deleted
+  meanwhile: a retire and such a store cannot both commit. The store then
+  seals the secret again under the current version
+  (:func:`gateway.vault.sealing.store_sealed`);
+- ``gateway keys retire vN`` also waits until no heartbeat younger than
+  :data:`HEARTBEAT_FRESH` names the version, which spares running processes
+  that second seal; heartbeats are a courtesy, the foreign key the guarantee.
 
 Deployments from before this table: the configured keyring's versions were
-the KEKs, wrapping data keys directly. While the table is empty they still
-are, exactly as before. The first ``gateway keys rotate`` carries every
+the KEKs, wrapping data keys directly. While no version is carried into the
+table they still are, exactly as before; the table then lists, without a
+key, each configured version a secret was sealed under (so that the secret
+can refer to it). The first ``gateway keys rotate`` carries every
 configured version into the table, sealed by the root key, and adds the new
 one; from then on the table holds the KEKs and the configured keyring only
 root keys. Nothing sealed before is rewritten, and it all still opens.
@@ -104,6 +110,10 @@ class KeyVersions:
         self._read: _Read | None = None
         self._number = next(_STORES)
 
+    @property
+    def _instance(self) -> str:
+        return f"{socket.gethostname()}:{os.getpid()}.{self._number}"[:200]
+
     def __repr__(self) -> str:
         known = "not read yet" if self._read is None else \
             ", ".join(f"v{v}" for v in sorted(self._read.keys, reverse=True))
@@ -132,6 +142,16 @@ class KeyVersions:
         """Read the versions now, as a rotation tells the processes it can reach to."""
         self._load(announce=True)
 
+    def withdraw(self) -> None:
+        """Delete this process's heartbeat: it wraps nothing more (a command that ends)."""
+        try:
+            with Session(without_waiting(self._engine)) as session, session.begin():
+                session.execute(delete(VaultInstance)
+                                .where(VaultInstance.instance == self._instance))
+        except SQLAlchemyError as error:
+            log.debug("could not withdraw the heartbeat (%s); it goes stale by itself",
+                      type(error).__name__)
+
     def snapshot(self) -> Keyring:
         """The versions as the database holds them now, fixed (for a long run like rewrap)."""
         return Keyring(dict(self._load(announce=False).keys))
@@ -147,15 +167,16 @@ class KeyVersions:
         with self._lock:
             root = self.root
             with Session(for_reads(self._engine)) as session:
-                rows = session.scalars(select(KeyVersion)).all()
-            # An empty table: nothing rotated since versions moved there, and
-            # the configured keyring's versions are the KEKs, as before.
+                rows = [row for row in session.scalars(select(KeyVersion)) if row.carried_over]
+            # None carried over: nothing rotated since versions moved there,
+            # and the configured keyring's versions are the KEKs, as before.
             keys = {row.version: open_version(root, row) for row in rows} if rows \
                 else dict(root.keys)
             now = self._clock.now()
             before = self._read
             if announce:
-                announced_at = now if self._announce(max(keys), now) else None
+                announced_at = now if self._announce(max(keys), now, listed=bool(rows)) \
+                    else None
             elif before is not None and before.current == max(keys):
                 announced_at = before.announced_at  # what it announced still holds
             else:
@@ -163,15 +184,22 @@ class KeyVersions:
             self._read = _Read(keys, announced_at)
             return self._read
 
-    def _announce(self, version: int, now: datetime) -> bool:
-        """Record the version this process wraps with; False when that could not be done now."""
-        instance = f"{socket.gethostname()}:{os.getpid()}.{self._number}"[:200]
+    def _announce(self, version: int, now: datetime, *, listed: bool) -> bool:
+        """Record the version this process wraps with; False when that could not be done now.
+
+        Unless ``listed``, the version is one of the configured keyring, and
+        is listed in the table first if it is not yet: what it seals refers to it.
+        """
+        instance = self._instance
         try:
             # Never waits: on SQLite this process may itself hold the write
             # lock (a secret sealed inside a transaction). Then that
             # transaction's commit is what a `retire` waits for, and the
             # next wrap reads the versions and tries again.
             with Session(without_waiting(self._engine)) as session, session.begin():
+                if not listed and session.get(KeyVersion, version) is None:
+                    session.add(KeyVersion(version=version, root_version=None,
+                                           wrapped_key=None, created_at=now))
                 row = session.get(VaultInstance, instance)
                 if row is None:
                     session.add(VaultInstance(instance=instance, role=self._role,
@@ -205,18 +233,27 @@ def for_command(settings: Settings, engine: Engine, clock: Clock, *, role: str) 
 
 
 def stored(session: Session) -> dict[int, KeyVersion]:
-    """The versions in the database, by number; empty until the first rotation."""
+    """The versions in the database, by number, also those listed without their key."""
     return {row.version: row for row in session.scalars(select(KeyVersion))}
 
 
 def carry_over(session: Session, root: Keyring, now: datetime) -> dict[int, KeyVersion]:
-    """The stored versions; when there are none yet, the configured keyring's, stored first."""
+    """The stored versions; when none holds its key yet, the configured keyring's, stored first.
+
+    A version listed without its key takes it from the configured keyring
+    in place; one the configured keyring no longer has stays listed, keyless.
+    """
     rows = stored(session)
-    if rows:
+    if any(row.carried_over for row in rows.values()):
         return rows
     for version, key in sorted(root.keys.items()):
-        rows[version] = seal_version(root, version, key, now)
-        session.add(rows[version])
+        sealed = seal_version(root, version, key, now)
+        listed = rows.get(version)
+        if listed is None:
+            rows[version] = sealed
+            session.add(sealed)
+        else:
+            listed.root_version, listed.wrapped_key = sealed.root_version, sealed.wrapped_key
     session.flush()
     return rows
 
@@ -234,7 +271,7 @@ def reseal_with_newest_root(session: Session, root: Keyring) -> list[int]:
     """Seal every stored KEK with the newest root key, after the root's rotation; which moved."""
     moved: list[int] = []
     for row in stored(session).values():
-        if row.root_version != root.current_version:
+        if row.carried_over and row.root_version != root.current_version:
             fresh = seal_version(root, row.version, open_version(root, row), row.created_at)
             row.root_version, row.wrapped_key = fresh.root_version, fresh.wrapped_key
             moved.append(row.version)
@@ -273,6 +310,8 @@ def seal_version(root: Keyring, version: int, key: bytes, now: datetime) -> KeyV
 
 def open_version(root: Keyring, row: KeyVersion) -> bytes:
     """The KEK a stored version holds; :class:`KeyringError` when the root does not open it."""
+    if row.root_version is None or row.wrapped_key is None:
+        return root.key(row.version)  # listed only: the configured keyring holds it
     try:
         root_key = root.key(row.root_version)
     except KeyringError:

@@ -42,8 +42,7 @@ from gateway.oauth.tokens import seal_connection
 from gateway.outbound import OutboundPolicy
 from gateway.serving.tls import dev_certificate_paths
 from gateway.settings import load_settings
-from gateway.vault.keyring import load_keyring
-from tests.conftest import _empty_tables, gateway_environ, process_environ
+from tests.conftest import _empty_tables, command_keyring, gateway_environ, process_environ
 from tests.integration.conftest import free_port, tls_context
 
 PASSWORD = "correct horse battery staple"
@@ -87,9 +86,10 @@ class ServedGateway:
     def register(self, *, credential_types: list[str] | None = None) -> Registered:
         """A new client, as ``gateway clients create`` makes it."""
         settings = self.app.extensions["gateway.settings"]
-        with self.app.app_context(), db.transaction() as session:
+        with self.app.app_context(), command_keyring(self.app) as keyring, \
+                db.transaction() as session:
             minted = clients.create_client(
-                session, SystemClock(), keyring=load_keyring(settings),
+                session, SystemClock(), keyring=keyring,
                 pepper=settings.token_pepper, catalog=current_catalog(),
                 name=f"weather-mcp-{secrets.token_hex(3)}", webhook_url=None,
                 credential_types=credential_types or [], actor="test",
@@ -108,14 +108,14 @@ class ServedGateway:
                                   "expires_in": int(timedelta(days=365).total_seconds()),
                                   "refresh_token": "refresh-" + access_token}
         clock = SystemClock()
-        settings = self.app.extensions["gateway.settings"]
-        with self.app.app_context(), db.transaction() as session:
+        with self.app.app_context(), command_keyring(self.app) as keyring, \
+                db.transaction() as session:
             elicitation = session.get(Elicitation, elicitation_id)
             assert elicitation is not None
             credential_type = current_catalog().get(elicitation.credential_type or "")
             assert credential_type is not None
             credential = seal_connection(
-                load_keyring(settings), elicitation, credential_type, answer,
+                keyring, elicitation, credential_type, answer,
                 scopes=scopes if scopes is not None else list(elicitation.scopes or []),
                 account=account, now=clock.now())
             credentials.capture(session, clock, elicitation, credential, actor="test",

@@ -83,6 +83,7 @@ def test_malformed_config_stops_with_one_line(
     invoke_gateway: Callable[..., Result], cli_environ: dict[str, str], instance_path: Path,
 ) -> None:
     (instance_path / "gateway.toml").write_text("public_url = \n")
+    (instance_path / "gateway.toml").chmod(0o600)
     result = invoke_gateway("db", "current", env=cli_environ)
     assert result.code == 1
     assert len(result.stderr.strip().splitlines()) == 1
@@ -136,7 +137,38 @@ def test_a_config_file_without_a_secret_is_named(
 ) -> None:
     config = instance_path / "gateway.toml"
     config.write_text(f'secret_key = "{"s" * 40}"\n')
+    config.chmod(0o600)
     result = invoke_gateway("status", env=without_secrets(cli_environ))
     assert result.code == 1
     assert result.stderr.strip() == (f"Error: GATEWAY_TOKEN_PEPPER: not set, neither in {config} "
                                      "nor in the environment; add it to one of them")
+
+
+def test_a_config_file_others_can_read_is_refused_like_the_keyring(
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str], instance_path: Path,
+) -> None:
+    config = instance_path / "gateway.toml"
+    config.write_text(f'secret_key = "{"s" * 40}"\n')
+    for readable in (0o640, 0o644):
+        config.chmod(readable)
+        result = invoke_gateway("status", env=cli_environ)
+        assert result.code == 1
+        assert result.stderr.strip() == (
+            f"Error: GATEWAY_CONFIG: config file {config} is readable by group or others "
+            f"(mode {readable:04o}); run: chmod 600 {config}")
+
+
+def test_a_bad_setting_found_in_the_middle_of_a_command_is_one_line(
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str],
+) -> None:
+    # Read only when the command needs it, after the settings loaded.
+    result = invoke_gateway("clients", "create", "mcp", env={
+        **cli_environ, "GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS": "no-port-here"})
+    assert result.code == 1
+    assert result.stderr.strip() == ("Error: GATEWAY_OUTBOUND_ALLOW_INSECURE_HOSTS: expected "
+                                     "host:port entries, got 'no-port-here'")
+    result = invoke_gateway("clients", "create", "mcp", env={
+        **cli_environ, "GATEWAY_DATABASE_URL": "nonsense"})
+    assert result.code == 1
+    assert result.stderr.strip() == ("Error: GATEWAY_DATABASE_URL: not a database URL "
+                                     "(e.g. postgresql+psycopg://user@host/db)")

@@ -24,7 +24,7 @@ from gateway.elicitations.models import Elicitation
 from gateway.vault import versions as key_versions
 from gateway.vault.envelope import seal
 from gateway.vault.keyring import read_keyring_file
-from gateway.vault.models import VaultInstance
+from gateway.vault.models import KeyVersion, VaultInstance
 from gateway.vault.versions import KeyVersions
 from tests.integration.conftest import GATEWAY, Result
 
@@ -58,6 +58,8 @@ def stored(engine: Engine, keyring_file: Path) -> dict[str, str]:
     with Session(engine) as session:
         session.add(Client(id="cl_keys", name="keys", status="active", credential_types=[],
                            created_at=NOW))
+        # Listed, as the first process to wrap with it lists it: the sealed rows refer to it.
+        session.add(KeyVersion(version=1, root_version=None, wrapped_key=None, created_at=NOW))
         session.flush()
         for number in range(COUNT):
             elicitation = Elicitation(
@@ -221,3 +223,120 @@ def test_retiring_a_version_that_is_not_there_is_refused(
         refused = invoke_gateway("keys", "retire", malformed)
         assert refused.code == 2
         assert f"a key version looks like v2 (or 2), not {malformed!r}" in refused.stderr
+
+
+def _store_sealed_rows(engine: Engine, keyring_file: Path, count: int) -> dict[str, str]:
+    """``count`` credentials sealed under v1 and committed; id to plaintext."""
+    keyring = read_keyring_file(keyring_file)
+    secrets: dict[str, str] = {}
+    with Session(engine) as session, session.begin():
+        session.add(Client(id="cl_few", name="few", status="active", credential_types=[],
+                           created_at=NOW))
+        if session.get(KeyVersion, 1) is None:
+            session.add(KeyVersion(version=1, root_version=None, wrapped_key=None,
+                                   created_at=NOW))
+        session.flush()
+        for number in range(count):
+            elicitation = Elicitation(
+                id=f"el_few{number}", client_id="cl_few", subject_iss="https://i",
+                subject_sub=f"f{number}", kind="api_key", credential_type="generic",
+                message="m", metadata_={}, status="completed", created_at=NOW,
+                expires_at=NOW + timedelta(minutes=15))
+            session.add(elicitation)
+            session.flush()
+            credential = Credential(
+                id=f"cr_few{number}", client_id="cl_few", subject_iss="https://i",
+                subject_sub=f"f{number}", type="generic", hint="…", created_at=NOW,
+                elicitation_id=elicitation.id)
+            credential.envelope = seal(keyring, f"few-{number}".encode(), binding(credential))
+            session.add(credential)
+            secrets[credential.id] = f"few-{number}"
+    return secrets
+
+
+def test_rewrap_names_a_secret_that_does_not_open_and_rewraps_the_rest(
+    invoke_gateway: Callable[..., Result], engine: Engine, keyring_file: Path,
+) -> None:
+    secrets = _store_sealed_rows(engine, keyring_file, 3)
+    with Session(engine) as session, session.begin():
+        damaged = session.get(Credential, "cr_few1")
+        assert damaged is not None
+        damaged.wrapped_key = bytes(len(damaged.wrapped_key))  # altered at rest
+    ok(invoke_gateway("keys", "rotate"))
+
+    result = invoke_gateway("keys", "rewrap")
+    assert result.code == 1
+    lines = result.stderr.strip().splitlines()
+    assert [line for line in lines if "cr_few1" in line] == [
+        "credential cr_few1 (v1) does not open: the data key does not unwrap: altered, or "
+        "not stored for this row"]
+    assert lines[-1].startswith("Error: 1 secret(s) did not open")
+    assert "2 secret(s) now wrapped by v2" in result.stdout
+    assert versions(engine) == {1: 1, 2: 2}
+    keyring = KeyVersions(engine, lambda: read_keyring_file(keyring_file), SystemClock(),
+                          role="test")
+    with Session(engine) as session:
+        for credential_id in ("cr_few0", "cr_few2"):
+            credential = session.get(Credential, credential_id)
+            assert credential is not None
+            assert reveal_secret(keyring, credential) == secrets[credential_id]
+
+    # The keyring is right: status says that one secret does not open, not "wrong keyring".
+    status = invoke_gateway("status", "--json")
+    assert status.code == 1
+    error = json.loads(status.stdout)["keys"]["error"]
+    assert "wrong keyring" not in error
+    assert "v1" in error
+    assert "do not open" in error
+
+
+def test_a_retire_racing_a_store_under_its_version_cannot_both_commit(
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str], tmp_path: Path,
+    engine: Engine, keyring_file: Path,
+) -> None:
+    _store_sealed_rows(engine, keyring_file, 0)
+    ok(invoke_gateway("keys", "rotate"))
+    with Session(engine) as session, session.begin():
+        session.add(Elicitation(
+            id="el_race", client_id="cl_few", subject_iss="https://i", subject_sub="race",
+            kind="api_key", credential_type="generic", message="m", metadata_={},
+            status="completed", created_at=NOW, expires_at=NOW + timedelta(minutes=15)))
+    credential = Credential(id="cr_race", client_id="cl_few", subject_iss="https://i",
+                            subject_sub="race", type="generic", hint="…", created_at=NOW,
+                            elicitation_id="el_race")
+    credential.envelope = seal(read_keyring_file(keyring_file), b"in-flight",
+                               binding(credential))
+    assert credential.key_version == 1
+    # A store under v1 written, not committed yet, when the retire of v1 starts.
+    with Session(engine) as session, session.begin():
+        session.add(credential)
+        session.flush()
+        retire = subprocess.Popen([*GATEWAY, "keys", "retire", "v1"], env=cli_environ,
+                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        time.sleep(2)  # the retire counts no secret under v1, and tries to delete it
+    stdout, stderr = retire.communicate(timeout=60)
+    assert retire.returncode == 1, stdout
+    # PostgreSQL: the delete waits for the store and is refused by the foreign key;
+    # SQLite: the retire waits for the store's commit and counts it. One line either way.
+    assert stderr.strip().splitlines() == [stderr.strip()]
+    assert "v1" in stderr
+    assert "gateway keys rewrap" in stderr
+    assert stored_versions(engine) == [2, 1]
+    with Session(engine) as session:
+        stored = session.get(Credential, "cr_race")
+        assert stored is not None
+        keyring = KeyVersions(engine, lambda: read_keyring_file(keyring_file), SystemClock(),
+                              role="test")
+        assert reveal_secret(keyring, stored) == "in-flight"
+
+
+def test_a_command_that_sealed_a_secret_holds_no_version_once_it_ends(
+    invoke_gateway: Callable[..., Result], engine: Engine, keyring_file: Path,
+) -> None:
+    ok(invoke_gateway("clients", "create", "mcp"))  # seals its webhook secret under v1
+    ok(invoke_gateway("keys", "rotate"))
+    ok(invoke_gateway("keys", "rewrap"))
+    # No "running instance still wraps with v1": the command is gone.
+    ok(invoke_gateway("keys", "retire", "v1"))
+    assert stored_versions(engine) == [2]

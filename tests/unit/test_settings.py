@@ -23,6 +23,7 @@ def environ(tmp_path: Path) -> dict[str, str]:
 def write_config(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "gateway.toml"
     path.write_text(text)
+    path.chmod(0o600)  # it holds secrets: refused when others can read it
     return path
 
 
@@ -65,6 +66,7 @@ def test_gateway_config_names_the_file(environ: dict[str, str], tmp_path: Path) 
     elsewhere = tmp_path / "etc" / "portal.toml"
     elsewhere.parent.mkdir()
     elsewhere.write_text('allowed_hosts = ["10.0.0.5"]\n')
+    elsewhere.chmod(0o600)
     settings = load_settings({**environ, "GATEWAY_CONFIG": str(elsewhere)})
     assert settings.allowed_hosts == ("10.0.0.5",)
 

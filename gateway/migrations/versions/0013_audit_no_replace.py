@@ -14,7 +14,7 @@ PostgreSQL since 0006. What no trigger can stop, a role that owns the table
 dropping or disabling the guard, is said in docs/security.md.
 
 Revision ID: 0013
-Revises: 0011
+Revises: 0012
 Create Date: 2026-12-07
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0013"
-down_revision = "0011"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 

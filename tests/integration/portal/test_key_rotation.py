@@ -12,10 +12,22 @@ from sqlalchemy import select
 
 from gateway import db
 from gateway.app import create_app
+from gateway.clients import service as clients
+from gateway.clients.models import Client, WebhookSecret
+from gateway.clients.service import current_webhook_secrets
 from gateway.clock import FixedClock
+from gateway.credentials import service as credentials
+from gateway.credentials.catalog import current_catalog
 from gateway.credentials.models import Credential
+from gateway.elicitations import views
+from gateway.elicitations.models import Elicitation
+from gateway.identity.sessions import Subject
+from gateway.outbound import OutboundPolicy
 from gateway.settings import Settings
 from gateway.vault import versions
+from gateway.vault.keyring import current_keyring
+from gateway.vault.models import VaultInstance
+from gateway.vault.sealing import store_sealed
 from tests.conftest import Api, client_for
 from tests.integration.conftest import Result
 from tests.integration.portal.conftest import Browser
@@ -129,3 +141,72 @@ def test_two_instances_open_what_the_other_and_the_command_line_sealed(
     assert failed_reveals(apis, stored) == []
     ok(invoke_gateway("keys", "retire", "v1"))
     assert failed_reveals(apis, stored) == []
+
+
+def test_a_key_whose_version_is_retired_before_it_is_stored_is_sealed_again(
+    app: Flask, other_app: Flask, api: Api, clock: FixedClock, settings: Settings,
+    link_for: Callable[..., dict[str, Any]], make_user: Callable[..., str],
+    invoke_gateway: Callable[..., Result],
+) -> None:
+    make_user("dave")
+    link = link_for("dave")
+    # The page seals the key under v1, then stores it in a later transaction...
+    with app.app_context():
+        read = db.session().get(Elicitation, link["id"])
+        assert read is not None
+        generic = current_catalog().get("generic")
+        assert generic is not None
+        credential = credentials.seal_for(current_keyring(), read, generic, "sk-in-flight",
+                                          clock.now())
+    assert credential.key_version == 1
+
+    # ...and meanwhile the operator rotates, this instance moves on to v2, the
+    # stored secrets are rewrapped and v1 is retired: nothing counted uses it.
+    ok(invoke_gateway("keys", "rotate"))
+    clock.advance(seconds=versions.REFRESH.total_seconds())
+    with app.app_context():
+        assert current_keyring().current_version == 2
+    ok(invoke_gateway("keys", "rewrap"))
+    ok(invoke_gateway("keys", "retire", "v1"))
+
+    with app.test_request_context():
+        stored = views.store(link["id"], Subject(settings.public_url, "dave"), credential)
+    assert stored.status == "completed"
+    [item] = api.get("/api/v1/credentials").get_json()["items"]
+    # Every instance opens it, also one that reads the key versions afresh.
+    apis = [api, Api(client_for(other_app), api.token)]
+    assert failed_reveals(apis, {item["id"]: "sk-in-flight"}) == []
+    assert key_version(app, item["id"]) == 2
+
+
+def test_a_webhook_secret_sealed_under_a_version_retired_meanwhile_is_sealed_again(
+    app: Flask, clock: FixedClock, settings: Settings, invoke_gateway: Callable[..., Result],
+) -> None:
+    with app.app_context():
+        assert current_keyring().current_version == 1  # and so it stays for up to REFRESH
+    ok(invoke_gateway("keys", "rotate"))
+    # Its heartbeat no longer holds v1, as when a sibling's newer one replaced it.
+    with app.app_context(), db.transaction() as session:
+        for beat in session.scalars(select(VaultInstance)):
+            beat.seen_at -= versions.HEARTBEAT_FRESH
+    ok(invoke_gateway("keys", "retire", "v1"))
+
+    # Registered with the versions read before the retire (v1), as `gateway clients
+    # create` registers: sealed under v1, refused by the database, sealed again.
+    with app.app_context():
+        keyring = current_keyring()
+
+        def create() -> clients.Minted:
+            with db.transaction() as session:
+                return clients.create_client(
+                    session, clock, keyring=keyring, pepper=settings.token_pepper,
+                    catalog=current_catalog(), name="late", webhook_url=None,
+                    credential_types=[], actor="test", policy=OutboundPolicy())
+
+        minted = store_sealed(keyring, create)
+        client = db.session().get(Client, minted.client.id)
+        assert client is not None
+        assert current_webhook_secrets(db.session(), clock, keyring, client) == [
+            minted.webhook_secret]
+        [secret] = db.session().scalars(select(WebhookSecret)).all()
+        assert secret.key_version == 2

@@ -19,9 +19,8 @@ from gateway.clock import FixedClock, SystemClock
 from gateway.credentials.catalog import current_catalog
 from gateway.outbound import AttemptDeadlines, IPAddress, OutboundPolicy
 from gateway.settings import Settings
-from gateway.vault.keyring import load_keyring
 from gateway.webhooks.dispatcher import MAX_RETRY_AFTER, SCHEDULE, Dispatcher
-from tests.conftest import Api, client_for
+from tests.conftest import Api, client_for, command_keyring
 from tests.integration.webhooks.conftest import (
     Answer,
     Fault,
@@ -272,9 +271,9 @@ def test_a_name_that_resolves_to_a_private_address_at_send_time_is_refused(
 ) -> None:
     # The name was public when the client was registered (DNS rebinding after).
     public = OutboundPolicy(resolve=lambda host, port: ["93.184.215.14"])
-    with app.app_context(), db.transaction() as session:
+    with app.app_context(), command_keyring(app) as keyring, db.transaction() as session:
         minted = clients.create_client(
-            session, SystemClock(), keyring=load_keyring(settings), pepper=settings.token_pepper,
+            session, SystemClock(), keyring=keyring, pepper=settings.token_pepper,
             catalog=current_catalog(), name="rebinding", webhook_url="https://hooks.example.com/x",
             credential_types=[], actor="test", policy=public)
     end_one(Api(client_for(app), minted.api_token))
@@ -298,9 +297,9 @@ def test_a_loopback_receiver_not_listed_as_insecure_is_refused(
     port = int(receiver.host.rsplit(":", 1)[1])
     url = f"https://localhost:{port}/hooks"
     allowed_then = OutboundPolicy(insecure_hosts=frozenset({f"localhost:{port}"}))
-    with app.app_context(), db.transaction() as session:
+    with app.app_context(), command_keyring(app) as keyring, db.transaction() as session:
         minted = clients.create_client(
-            session, SystemClock(), keyring=load_keyring(settings), pepper=settings.token_pepper,
+            session, SystemClock(), keyring=keyring, pepper=settings.token_pepper,
             catalog=current_catalog(), name="loopback", webhook_url=url, credential_types=[],
             actor="test", policy=allowed_then)
     end_one(Api(client_for(app), minted.api_token))

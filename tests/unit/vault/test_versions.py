@@ -180,3 +180,19 @@ def test_the_store_prints_no_key(engine: Engine, clock: FixedClock, store: KeyVe
     assert repr(store) == "KeyVersions(v2, v1)"
     assert repr(store.snapshot()) == "Keyring(v2, v1)"
     assert "r" * 8 not in repr(rows(engine))
+
+
+def test_the_first_wrap_lists_the_configured_version_for_sealed_rows_to_refer_to(
+    engine: Engine, clock: FixedClock, store: KeyVersions,
+) -> None:
+    assert rows(engine) == {}
+    assert store.current_version == 1
+    [listed] = rows(engine).values()
+    assert (listed.version, listed.carried_over) == (1, False)
+    assert seal(store, b"sk-new", ROW).key_version == 1  # the configured key, as before
+    # The first rotation carries it over in place, sealed by the root key.
+    rotate(engine, clock)
+    carried = rows(engine)
+    assert sorted(carried) == [1, 2]
+    assert all(row.carried_over for row in carried.values())
+    assert versions.open_version(ROOT, carried[1]) == ROOT.key(1)
