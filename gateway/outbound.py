@@ -18,7 +18,11 @@ session opens, whoever built the session (``guard_session`` also fits Authlib's
   still checks the certificate against the host *name* (SNI and hostname
   verification use the name from the URL, never the address);
 - redirects are never followed, proxies never used, TLS verification never
-  off, and a request without a timeout gets :data:`DEFAULT_TIMEOUT`.
+  off, and a request without a timeout gets :data:`DEFAULT_TIMEOUT`;
+- the certificate authorities trusted are the public ones the caller's
+  library ships (requests', Stripe's), plus those of ``outbound_ca_bundle``
+  (an internal CA); the environment's (``REQUESTS_CA_BUNDLE``,
+  ``SSL_CERT_FILE``) are ignored, like its proxies.
 
 A refusal raises :class:`BlockedDestination`. It is deliberately not a
 ``requests.RequestException``: a refused destination will not get better on a

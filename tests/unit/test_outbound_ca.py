@@ -10,6 +10,7 @@ host name, while the public authorities stay trusted beside it.
 from __future__ import annotations
 
 import http.server
+import json
 import ssl
 import threading
 from collections.abc import Iterator
@@ -23,18 +24,30 @@ import urllib3
 from authlib.integrations.requests_client import OAuth2Session
 
 from gateway.outbound import GuardedPool, OutboundPolicy, finish, guard_session, guarded_session
+from gateway.payments import stripe_gateway
+from gateway.payments.stripe_gateway import StripeUnavailable
 from gateway.settings import Settings, SettingsError, load_settings
 from tests.private_ca import PrivateAuthority
 
 pytestmark = pytest.mark.backend_independent
 
+STRIPE_NOT_FOUND = json.dumps({"error": {"type": "invalid_request_error",
+                                         "message": "No such checkout.session"}}).encode()
+
 
 class Handler(http.server.BaseHTTPRequestHandler):
+    """``ok`` to anything, but Stripe's API, which answers as for an unknown session."""
+
+    protocol_version = "HTTP/1.1"
+
     def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
+        self.server.paths.append(self.path)  # type: ignore[attr-defined]
+        status, body = (404, STRIPE_NOT_FOUND) if self.path.startswith("/v1/") else (200, b"ok")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(b"ok")
+        self.wfile.write(body)
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
@@ -51,6 +64,7 @@ class InternalHost:
     name: str
     port: int
     authority: PrivateAuthority
+    paths: list[str]
 
     @property
     def url(self) -> str:
@@ -65,11 +79,13 @@ def authority() -> PrivateAuthority:
 @pytest.fixture
 def internal_host(authority: PrivateAuthority, tmp_path: Path) -> Iterator[InternalHost]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.paths = []  # type: ignore[attr-defined]
     context = authority.server_context("localhost", tmp_path)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
     thread.start()
-    yield InternalHost("localhost", server.server_address[1], authority)
+    yield InternalHost("localhost", server.server_address[1], authority,
+                       server.paths)  # type: ignore[attr-defined]
     server.shutdown()
     server.server_close()
     thread.join()
@@ -120,6 +136,24 @@ def test_the_webhook_pool_trusts_the_bundle(internal_host: InternalHost, tmp_pat
                                                                     5)
     assert response.status == 200
     finish(response)
+
+
+def test_stripe_calls_trust_the_bundle(internal_host: InternalHost, tmp_path: Path) -> None:
+    # Stripe's library verifies against its own CA bundle; the extra ones still apply.
+    bundle = internal_host.authority.write(tmp_path / "internal-ca.pem")
+    stripe_settings = {"GATEWAY_STRIPE_SECRET_KEY": "sk_test_internal",
+                       "GATEWAY_STRIPE_WEBHOOK_SECRET": "whsec_internal",
+                       "GATEWAY_STRIPE_API_BASE": internal_host.url.rstrip("/")}
+    untrusting = stripe_gateway.from_settings(settings_for(tmp_path, internal_host,
+                                                           **stripe_settings))
+    with pytest.raises(StripeUnavailable, match="could not check the payment"):
+        untrusting.retrieve_checkout_session("cs_test_1")
+    assert internal_host.paths == []
+    trusting_stripe = stripe_gateway.from_settings(settings_for(
+        tmp_path, internal_host, GATEWAY_OUTBOUND_CA_BUNDLE=str(bundle), **stripe_settings))
+    with pytest.raises(StripeUnavailable, match="refused to check the payment"):
+        trusting_stripe.retrieve_checkout_session("cs_test_1")
+    assert internal_host.paths == ["/v1/checkout/sessions/cs_test_1"]
 
 
 def test_the_bundle_still_checks_the_host_name(internal_host: InternalHost,
