@@ -18,7 +18,11 @@ session opens, whoever built the session (``guard_session`` also fits Authlib's
   still checks the certificate against the host *name* (SNI and hostname
   verification use the name from the URL, never the address);
 - redirects are never followed, proxies never used, TLS verification never
-  off, and a request without a timeout gets :data:`DEFAULT_TIMEOUT`.
+  off, and a request without a timeout gets :data:`DEFAULT_TIMEOUT`;
+- the certificate authorities trusted are the public ones the caller's
+  library ships (requests', Stripe's), plus those of ``outbound_ca_bundle``
+  (an internal CA); the environment's (``REQUESTS_CA_BUNDLE``,
+  ``SSL_CERT_FILE``) are ignored, like its proxies.
 
 A refusal raises :class:`BlockedDestination`. It is deliberately not a
 ``requests.RequestException``: a refused destination will not get better on a
@@ -80,7 +84,7 @@ from urllib3.util import (
     ssl_wrap_socket,
 )
 
-from gateway.settings import Settings, SettingsError, env_name
+from gateway.settings import Settings, SettingsError, env_name, read_ca_bundle
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Sequence[str]]
@@ -191,15 +195,19 @@ class OutboundPolicy:
 
     insecure_hosts: frozenset[str] = frozenset()
     timeout: tuple[float, float] = DEFAULT_TIMEOUT
+    # PEM certificates of further authorities, trusted beside the public ones
+    # for every outbound call: an identity provider on an internal CA.
+    extra_ca_certificates: str | None = None
     resolve: Resolver = field(default=resolve_host, repr=False, compare=False)
     connect: Connector = field(default=open_connection, repr=False, compare=False)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OutboundPolicy:
         """The policy of ``settings``; a malformed insecure-host entry is a SettingsError."""
+        bundle = settings.outbound_ca_bundle
         return cls(insecure_hosts=frozenset(
             _parse_host_entry(entry) for entry in settings.outbound_allow_insecure_hosts
-        ))
+        ), extra_ca_certificates=None if bundle is None else read_ca_bundle(bundle))
 
     def allows_insecure(self, host: str, port: int) -> bool:
         """Whether ``host:port`` is a development host: plain http and any address."""
@@ -322,8 +330,11 @@ def _socket_timeout(value: object) -> float | None:
     return socket.getdefaulttimeout()
 
 
-def _tls_context(connection: HTTPSConnection) -> ssl.SSLContext:
+def _tls_context(connection: HTTPSConnection, policy: OutboundPolicy) -> ssl.SSLContext:
     """The TLS context of a guarded https connection: verification on, by the URL's name.
+
+    It trusts the policy's extra authorities as well as the CA bundle the
+    caller names (requests' by default), or else the system's.
 
     urllib3 has no public way to run its own TLS setup over a socket opened
     elsewhere, so the guarded connection wraps its checked socket itself, with
@@ -346,6 +357,9 @@ def _tls_context(connection: HTTPSConnection) -> ssl.SSLContext:
         raise RuntimeError("the TLS context does not check host names")
     if not (connection.ca_certs or connection.ca_cert_dir or connection.ca_cert_data):
         context.load_default_certs()
+    if policy.extra_ca_certificates:
+        # Added to, never instead of, what the connection loads into it.
+        context.load_verify_locations(cadata=policy.extra_ca_certificates)
     return context
 
 
@@ -374,7 +388,7 @@ class GuardedHTTPSConnection(HTTPSConnection):
         self.policy = policy
 
     def connect(self) -> None:
-        context = _tls_context(self)
+        context = _tls_context(self, self.policy)
         sock = _open_checked(self, self.policy, "https")
         try:
             self.sock = ssl_wrap_socket(

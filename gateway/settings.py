@@ -13,6 +13,7 @@ import dataclasses
 import hmac
 import ipaddress
 import os
+import ssl
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -92,6 +95,7 @@ class Settings:
     stripe_webhook_secret: Secret | None = None
     stripe_api_base: str | None = None
     outbound_allow_insecure_hosts: tuple[str, ...] = ()
+    outbound_ca_bundle: Path | None = None
     log_level: str = "info"
     log_format: str = "text"
     credential_types_file: Path | None = None
@@ -339,7 +343,37 @@ def _validate(values: dict[str, Any]) -> Settings:
         )
     if bool(values.get("tls_certfile")) != bool(values.get("tls_keyfile")):
         raise SettingsError(env_name("tls_keyfile"), "set both TLS files or neither")
+    if values.get("outbound_ca_bundle") is not None:
+        read_ca_bundle(values["outbound_ca_bundle"])
     return Settings(**values)
+
+
+def read_ca_bundle(path: Path) -> str:
+    """The certificates of ``outbound_ca_bundle`` as PEM; a SettingsError if there are none.
+
+    Checked when the settings are read, so a missing or garbled bundle stops
+    start-up instead of failing the first call to an internal host.
+    """
+    key = env_name("outbound_ca_bundle")
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise SettingsError(key, f"cannot read {path}: {error.strerror}") from None
+    if b"PRIVATE KEY-----" in data:
+        # Trust needs certificates only; a key here was copied by mistake.
+        raise SettingsError(key, f"{path} holds a private key; give certificates only")
+    try:
+        certificates = x509.load_pem_x509_certificates(data)
+    except ValueError:
+        raise SettingsError(key, f"{path} holds no PEM certificate (-----BEGIN "
+                                 "CERTIFICATE-----)") from None
+    pem = "".join(certificate.public_bytes(Encoding.PEM).decode() for certificate in certificates)
+    try:
+        ssl.create_default_context().load_verify_locations(cadata=pem)
+    except ssl.SSLError as error:
+        raise SettingsError(key, f"{path}: a certificate TLS cannot use: {error.reason}") \
+            from None
+    return pem
 
 
 def _check_lease(values: dict[str, Any]) -> None:

@@ -87,7 +87,7 @@ class Credential:
 
     id: str
     type: str
-    hint: str
+    hint: str | None  # None for a type that keeps no hint
     status: Literal["active", "revoked"]
     subject: Subject
     elicitation_id: str

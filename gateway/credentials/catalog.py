@@ -28,8 +28,9 @@ GENERIC: Final = "generic"
 EXTENSION: Final = "gateway.catalog"
 _ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,49}")
 _KEYS: Final = {"label", "help", "link", "kind", "pattern", "min_length", "max_length", "check",
-                 "oauth"}
-_API_KEY_ONLY: Final = ("pattern", "min_length", "max_length", "check")
+                 "hint", "oauth"}
+# A connection's hint is its account, never a token's tail: ``hint`` is for keys only.
+_API_KEY_ONLY: Final = ("pattern", "min_length", "max_length", "check", "hint")
 _OAUTH_KEYS: Final = {"authorization_url", "token_url", "revocation_url", "userinfo_url",
                       "issuer", "scopes", "allow_extra_scopes", "client_id",
                       "client_secret_env", "token_auth_method", "account_field",
@@ -105,6 +106,10 @@ class CredentialType:
     min_length: int = 1
     max_length: int = MAX_KEY_LENGTH
     check: LiveCheck | None = None
+    # Whether a key's last characters are kept in clear, to recognise it by
+    # (its hint, shown on /account, in the API and in webhooks). Off for keys
+    # whose tail should be told to nobody: then no hint is stored at all.
+    hint: bool = True
     oauth: OAuthProvider | None = field(default=None, repr=False)
 
     @property
@@ -229,8 +234,11 @@ def _parse_type(path: Path, type_id: str, table: Any, context: _Context) -> Cred
     if not 1 <= min_length <= max_length <= MAX_KEY_LENGTH:
         raise CatalogError(f"{where}: need 1 <= min_length <= max_length <= {MAX_KEY_LENGTH}")
     check = _parse_check(f"{path}: [{type_id}.check]", table["check"]) if "check" in table else None
+    hint = table.get("hint", True)
+    if not isinstance(hint, bool):
+        raise CatalogError(f"{where}: hint is true or false")
     return CredentialType(type_id, label or type_id, _string(where, table, "help") or "",
-                          link, pattern, min_length, max_length, check)
+                          link, pattern, min_length, max_length, check, hint)
 
 
 def _parse_check(where: str, table: Any) -> LiveCheck:

@@ -41,8 +41,9 @@ class Credential(SealedColumns, Base):
     type: Mapped[str] = mapped_column(String(50))
     kind: Mapped[str] = mapped_column(String(20), default="api_key",
                                       server_default="api_key")  # api_key | oauth
-    # Enough to recognise the key ("sk-…a1b2"), never enough to use it.
-    hint: Mapped[str] = mapped_column(String(20))
+    # Enough to recognise the key ("…a1b2"), never enough to use it; null
+    # for a type whose catalog entry says ``hint = false``.
+    hint: Mapped[str | None] = mapped_column(String(20))
     elicitation_id: Mapped[str] = mapped_column(ForeignKey("elicitations.id"), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -17,8 +17,9 @@ class CredentialView(BaseModel):
     id: str
     type: str
     kind: Literal["api_key", "oauth"]
-    hint: Annotated[str, Field(description="The last characters of a key, or the account "
-                                           "of a connection, to recognise it")]
+    hint: Annotated[str | None, Field(description="The last characters of a key, or the "
+                                                  "account of a connection, to recognise it; "
+                                                  "null for a type that keeps no hint")]
     status: Literal["active", "revoked"]
     subject: Subject
     elicitation_id: str

@@ -71,8 +71,13 @@ def check_shape(credential_type: CredentialType, secret: str) -> None:
                             "whole key, with nothing before or after it.")
 
 
-def hint_of(secret: str) -> str:
-    """The last few characters, for the user and the MCP server to recognise the key."""
+def hint_of(credential_type: CredentialType, secret: str) -> str | None:
+    """The last few characters, for the user and the MCP server to recognise the key.
+
+    None where the type keeps no hint: its keys' tails are told to nobody.
+    """
+    if not credential_type.hint:
+        return None
     if len(secret) <= HINT_TAIL * 3:
         return "…"
     return "…" + secret[-HINT_TAIL:]
@@ -133,8 +138,8 @@ def seal_for(keyring: KeySource, elicitation: Elicitation, credential_type: Cred
     credential = Credential(
         id=new_id("cr_", 15), client_id=elicitation.client_id,
         subject_iss=elicitation.subject_iss, subject_sub=elicitation.subject_sub,
-        type=credential_type.id, hint=hint_of(secret), elicitation_id=elicitation.id,
-        created_at=now, revoked_at=None)
+        type=credential_type.id, hint=hint_of(credential_type, secret),
+        elicitation_id=elicitation.id, created_at=now, revoked_at=None)
     credential.seal(keyring, secret.encode(), binding(credential))
     return credential
 

@@ -1,4 +1,4 @@
-"""``gateway users``: local accounts (login backend ``local``)."""
+"""``gateway users``: local accounts (login backend ``local``), and anyone's sessions."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import click
 from gateway import cli
 from gateway.clock import SystemClock
 from gateway.identity import service
+from gateway.identity.sessions import Subject
 from gateway.pagination import timestamp
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
@@ -26,7 +27,7 @@ def _password(from_stdin: bool) -> str:
 
 @click.group(cls=cli.Group)
 def users() -> None:
-    """Local accounts that log in to the portal."""
+    """Local accounts that log in to the portal, and the sessions of every user."""
 
 
 @users.command()
@@ -86,3 +87,31 @@ def reset_password(username: str, password_stdin: bool) -> None:
         service.reset_password(session, SystemClock(), username=username, password=password,
                                public_url=settings.public_url, actor=cli.operator())
     click.echo(f"password of {username} changed; their sessions have ended")
+
+
+@users.command(name="end-sessions")
+@click.argument("sub")
+@click.option("--iss", help="The subject's issuer. Default: the login backend's, "
+                            "GATEWAY_OIDC_ISSUER for oidc and GATEWAY_PUBLIC_URL for local.")
+@json_option
+def end_sessions(sub: str, iss: str | None, as_json: bool) -> None:
+    """End every browser session of the user SUB at once, local or OpenID Connect.
+
+    SUB is the subject's sub: a local account's username, or the sub an
+    OpenID Connect provider names the user by (the ID token's, as the audit
+    trail shows it). An OpenID Connect user can log in again as long as the
+    provider lets them: disable them there first.
+    """
+    settings = cli.settings()
+    if iss is None:
+        iss = settings.oidc_issuer if settings.login_backend == "oidc" else settings.public_url
+    assert iss is not None  # settings require an issuer with the oidc backend
+    subject = Subject(iss, sub)
+    with cli.transaction() as session:
+        ended = service.end_subject_sessions(session, SystemClock(), subject=subject,
+                                             actor=cli.operator())
+    if as_json:
+        cli.echo_json({"subject": {"iss": subject.iss, "sub": subject.sub},
+                       "sessions_ended": ended})
+        return
+    click.echo(f"{ended} session(s) of {sub} at {iss} ended")

@@ -80,6 +80,22 @@ def reset_password(session: Session, clock: Clock, *, username: str, password: s
                  details={"sessions_ended": ended})
 
 
+def end_subject_sessions(session: Session, clock: Clock, *, subject: Subject,
+                         actor: str) -> int:
+    """End every browser session of ``subject``, whichever backend logged it in; how many.
+
+    The only way to log out an OpenID Connect user from here: such a user
+    has no local account to disable, and logs in again only if the
+    provider still lets them.
+    """
+    if not subject.iss or not subject.sub:
+        raise InvalidInput("a subject needs both an issuer and a sub")
+    ended = end_sessions(session, subject)
+    audit.record(session, clock, actor=actor, action="user.sessions_ended", target=subject.sub,
+                 details={"iss": subject.iss, "sessions_ended": ended})
+    return ended
+
+
 def end_sessions(session: Session, subject: Subject) -> int:
     """Delete every browser session of ``subject``."""
     result = session.execute(delete(BrowserSession).where(

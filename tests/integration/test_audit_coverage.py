@@ -484,6 +484,12 @@ def _password_reset(w: World) -> Expected:
     return Expected("user.password_reset", OPERATOR, "alice", None)
 
 
+@case("user's sessions ended")
+def _sessions_ended(w: World) -> Expected:
+    w.cli("users", "end-sessions", "alice")
+    return Expected("user.sessions_ended", OPERATOR, "alice", None)
+
+
 # --- webhooks and the schema -------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ import pytest
 from gateway import resources
 from gateway.settings import FIELDS, Secret, SettingsError, load_settings
 from gateway.webhooks.dispatcher import LEASE, SEND_TIMEOUT_SECONDS
+from tests.private_ca import PrivateAuthority
 
 SECRETS = {"GATEWAY_SECRET_KEY": "s" * 40, "GATEWAY_TOKEN_PEPPER": "p" * 40}
 
@@ -242,6 +243,9 @@ def test_example_config_documents_every_setting_and_loads(tmp_path: Path) -> Non
     # With every setting uncommented (and real-length secrets) it is a valid config.
     uncommented = re.sub(r"^# ([a-z_]+ = )", r"\1", text, flags=re.MULTILINE)
     uncommented = uncommented.replace('"..."', '"' + "z" * 40 + '"')
+    # The CA bundle is read as the settings are: the example's path, made real here.
+    bundle = PrivateAuthority().write(tmp_path / "internal-ca.pem")
+    uncommented = uncommented.replace('"/etc/gateway/internal-ca.pem"', f'"{bundle}"')
     config = write_config(tmp_path, uncommented)
     settings = load_settings({"GATEWAY_CONFIG": str(config)})
     assert settings.public_url == "https://localhost:8443"

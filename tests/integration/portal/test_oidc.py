@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -16,6 +17,7 @@ from gateway.audit.models import AuditEvent
 from gateway.clock import FixedClock
 from gateway.settings import Settings
 from tests.conftest import Api, Registered, client_for
+from tests.integration.conftest import Result
 from tests.integration.portal.conftest import Browser
 from tests.oidc.fixtures import OidcProvider, new_session
 
@@ -232,3 +234,45 @@ def test_a_provider_the_gateway_cannot_use_gets_a_clear_page(
     assert "The identity provider did not answer" in page
     assert words in page
     db.engine_of(app).dispose()
+
+
+def test_an_operator_ends_every_session_of_an_oidc_user(
+    oidc_app: Flask, oidc_browser: Callable[[], Browser], oidc_provider: OidcProvider,
+    invoke_gateway: Callable[..., Result], cli_environ: dict[str, str],
+) -> None:
+    laptop, phone, bobs = oidc_browser(), oidc_browser(), oidc_browser()
+    for browser, username in ((laptop, "alice"), (phone, "alice"), (bobs, "bob")):
+        log_in(browser, oidc_provider, username)
+        assert signed_in_as(browser) == username
+    environ = {**cli_environ, "GATEWAY_LOGIN_BACKEND": "oidc",
+               "GATEWAY_OIDC_ISSUER": oidc_provider.issuer,
+               "GATEWAY_OIDC_CLIENT_ID": oidc_provider.client_id,
+               "GATEWAY_OIDC_CLIENT_SECRET": oidc_provider.client_secret}
+    ended = invoke_gateway("users", "end-sessions", "alice", env=environ)
+    assert ended.code == 0, ended.stderr
+    assert ended.stdout == f"2 session(s) of alice at {oidc_provider.issuer} ended\n"
+    assert signed_in_as(laptop) is None
+    assert signed_in_as(phone) is None
+    assert signed_in_as(bobs) == "bob"
+    with oidc_app.app_context():
+        [event] = db.session().scalars(select(AuditEvent).where(
+            AuditEvent.action == "user.sessions_ended")).all()
+    assert (event.target, event.details) == ("alice", {"iss": oidc_provider.issuer,
+                                                       "sessions_ended": 2})
+
+
+def test_ending_sessions_names_the_issuer_it_was_given(
+    oidc_browser: Callable[[], Browser], oidc_provider: OidcProvider,
+    invoke_gateway: Callable[..., Result],
+) -> None:
+    browser = oidc_browser()
+    log_in(browser, oidc_provider, "alice")
+    # The CLI's own backend is local here: the default issuer is another one.
+    untouched = invoke_gateway("users", "end-sessions", "alice", "--json")
+    assert json.loads(untouched.stdout)["sessions_ended"] == 0
+    assert signed_in_as(browser) == "alice"
+    ended = invoke_gateway("users", "end-sessions", "alice", "--iss", oidc_provider.issuer,
+                           "--json")
+    assert json.loads(ended.stdout) == {
+        "subject": {"iss": oidc_provider.issuer, "sub": "alice"}, "sessions_ended": 1}
+    assert signed_in_as(browser) is None
