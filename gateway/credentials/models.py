@@ -14,6 +14,9 @@ from gateway.vault.models import SealedColumns
 # The index that holds each owner's one live credential; the database
 # refuses a second, and a capture tells that refusal by this name.
 LIVE_OWNER_INDEX: Final = "ix_credentials_live_owner"
+# The constraint (named by the naming convention) that holds one key per
+# elicitation: two tabs that finish one link at once store one key.
+ONE_KEY_PER_ELICITATION: Final = "uq_credentials_elicitation_id"
 
 
 class Credential(SealedColumns, Base):

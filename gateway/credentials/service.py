@@ -22,7 +22,7 @@ from gateway.clients import service as clients
 from gateway.clients.models import Client
 from gateway.clock import Clock
 from gateway.credentials.catalog import CredentialType
-from gateway.credentials.models import LIVE_OWNER_INDEX, Credential
+from gateway.credentials.models import LIVE_OWNER_INDEX, ONE_KEY_PER_ELICITATION, Credential
 from gateway.elicitations import lifecycle
 from gateway.elicitations.lifecycle import Status
 from gateway.elicitations.models import Elicitation
@@ -101,8 +101,9 @@ class AlreadyRevoked(Conflict):
         super().__init__("this credential was revoked already")
 
 
-class AnotherLiveKey(Conflict):
-    """Another capture for the same owner stored its key while this one ran."""
+class CaptureRaced(Conflict):
+    """Another capture stored its key while this one ran: for the same owner, or for the
+    same elicitation (another tab). Run the whole transaction again."""
 
     def __init__(self) -> None:
         super().__init__("this key could not be stored while other keys of the same kind were "
@@ -154,10 +155,11 @@ def capture(session: Session, clock: Clock, elicitation: Elicitation, credential
     event goes into the outbox. If the elicitation moved on meanwhile, the
     transition raises and the caller's transaction writes nothing.
 
-    The database keeps one live key per owner: of two captures for one owner
-    at once, the second's key is refused while the first's is live, and this
-    raises :class:`AnotherLiveKey`; run the whole transaction again, and it
-    revokes that key in turn.
+    The database keeps one live key per owner and one key per elicitation:
+    of two captures for one owner, or for one elicitation, at once, the
+    second's key is refused once the first's is written, and this raises
+    :class:`CaptureRaced`. Run the whole transaction again: it revokes the
+    owner's key in turn, or finds the elicitation completed.
     """
     if credential.elicitation_id != elicitation.id:
         raise ValueError("the credential was sealed for another elicitation")
@@ -178,9 +180,9 @@ def capture(session: Session, clock: Clock, elicitation: Elicitation, credential
     try:
         session.flush()
     except IntegrityError as error:
-        if not _another_live_key(error):
+        if not _lost_capture_race(error):
             raise
-        raise AnotherLiveKey() from None
+        raise CaptureRaced() from None
     audit.record(session, clock, actor=actor, action="credential.captured",
                  target=credential.id, source_ip=source_ip,
                  details={"client_id": credential.client_id, "type": credential.type,
@@ -211,13 +213,15 @@ def missing_scopes(asked: list[str] | None, granted: list[str]) -> list[str]:
     return [scope for scope in asked or [] if scope not in granted]
 
 
-def _another_live_key(error: IntegrityError) -> bool:
-    """Whether the error is the database refusing a second live key for an owner."""
+def _lost_capture_race(error: IntegrityError) -> bool:
+    """Whether the database refused a second live key for an owner, or a second key for an
+    elicitation."""
     diagnostics = getattr(error.orig, "diag", None)  # PostgreSQL
     if diagnostics is not None:
-        return bool(diagnostics.constraint_name == LIVE_OWNER_INDEX)
-    # SQLite names the index's columns.
-    return "UNIQUE constraint failed: credentials.client_id" in str(error.orig)
+        return diagnostics.constraint_name in (LIVE_OWNER_INDEX, ONE_KEY_PER_ELICITATION)
+    # SQLite names the indexes' columns.
+    return any(f"UNIQUE constraint failed: credentials.{column}" in str(error.orig)
+               for column in ("client_id", "elicitation_id"))
 
 
 def reveal_secret(keyring: KeySource, credential: Credential) -> str:

@@ -126,8 +126,9 @@ def store(elicitation_id: str, subject: Subject, credential: Credential) -> Elic
 
     The subject is checked again: the elicitation may have ended, or been
     opened in another tab, while the key was checked or the provider
-    answered. Run again when another capture for the same owner won the race,
-    and sealed again when its key version was retired meanwhile.
+    answered. Run again when another capture for the same owner, or for this
+    elicitation in another tab, won the race, and sealed again when its key
+    version was retired meanwhile.
     """
 
     def attempt() -> Elicitation:
@@ -140,7 +141,7 @@ def store(elicitation_id: str, subject: Subject, credential: Credential) -> Elic
 
     return store_sealed(current_keyring(),
                         lambda: db.retry_on_conflict(attempt, attempts=credentials.OWNER_RACES,
-                                                     conflict=credentials.AnotherLiveKey),
+                                                     conflict=credentials.CaptureRaced),
                         seal_again=credential.seal_again)
 
 

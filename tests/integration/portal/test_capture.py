@@ -26,6 +26,7 @@ from gateway.credentials.catalog import CredentialType, current_catalog
 from gateway.credentials.models import Credential
 from gateway.elicitations import lifecycle, views
 from gateway.elicitations.models import Elicitation
+from gateway.identity.sessions import Subject
 from gateway.vault import keyring
 from gateway.vault.keyring import current_keyring
 from tests.conftest import Api, Registered, client_for
@@ -157,7 +158,7 @@ def _store(app: Flask, clock: FixedClock, read: Elicitation, credential: Credent
     with app.app_context():
         try:
             db.retry_on_conflict(attempt, attempts=credentials.OWNER_RACES,
-                                 conflict=credentials.AnotherLiveKey)
+                                 conflict=credentials.CaptureRaced)
         except lifecycle.IllegalTransition:
             return False
     return True
@@ -207,6 +208,44 @@ def test_keys_captured_at_the_same_moment_leave_one_live(
     assert len(stored) == len(links)
     assert len([c for c in stored if c.revoked_at is None]) == 1
     assert next(c for c in stored if c.id == held_id).revoked_at is not None
+
+
+def test_two_captures_of_one_link_at_the_same_moment_store_one_and_fail_neither(
+    app: Flask, api: Api, alices: Browser, link_for: Callable[..., dict[str, Any]],
+    clock: FixedClock, settings: Any,
+) -> None:
+    link = link_for("alice")
+    alices.get(f"/e/{link['id']}")
+    # The first tab's capture is written but not committed when the second
+    # tab's starts: the second must end on the completed link, not on an error.
+    written, may_commit = threading.Event(), threading.Event()
+
+    def capture_left_open() -> None:
+        read, credential = _read_and_seal(app, clock, link, "first-tab-key-000000000")
+        with app.app_context(), db.transaction() as session:
+            credentials.capture(session, clock, session.merge(read, load=False), credential,
+                                actor="user:alice", source_ip=None)
+            session.flush()
+            written.set()
+            may_commit.wait(10)
+
+    def second_tab() -> str:
+        _, credential = _read_and_seal(app, clock, link, "second-tab-key-00000000")
+        with app.test_request_context():
+            alice = Subject(settings.public_url, "alice")
+            return views.store(link["id"], alice, credential).status
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        first = pool.submit(capture_left_open)
+        assert written.wait(10)
+        second = pool.submit(second_tab)
+        time.sleep(0.5)  # the second tab's store has begun, and waits on the first
+        may_commit.set()
+        first.result(10)
+        assert second.result(10) == "completed"
+    [stored] = api.get("/api/v1/credentials").get_json()["items"]
+    assert api.post(f"/api/v1/credentials/{stored['id']}/reveal").get_json()["secret"] == \
+        "first-tab-key-000000000"
 
 
 def test_the_database_refuses_a_second_live_key_for_an_owner(
