@@ -67,6 +67,7 @@ def collect() -> dict[str, Any]:
     report["configuration"] = [problem.as_json() for problem in _configuration_problems(
         settings, with_clients=bool(report["database"].get("current")))]
     report["oauth"] = _oauth(settings)
+    report["public_url"] = settings.public_url
     return report
 
 
@@ -252,6 +253,7 @@ def _print(report: dict[str, Any]) -> None:
 
 
 def _print_figures(report: dict[str, Any]) -> None:
+    _line("public URL", report["public_url"])
     database = report["database"]
     if not database["reachable"]:
         _line("database", f"unreachable ({database.get('error')})", "red")

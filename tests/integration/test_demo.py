@@ -174,7 +174,7 @@ def test_status_run_beside_the_demo_sees_its_settings(
     assert status.code == 0, status.stdout + status.stderr
     report = json.loads(status.stdout)
     assert report["configuration"] == []  # the demo's receiver may be called over http
-    assert report["oauth"]["redirect_uri"].startswith(f"https://localhost:{demo.port}/")
+    assert report["public_url"] == f"https://localhost:{demo.port}"
     # Only this run's receiver is allowed: the first run's left the list.
     relaxed = wait_for(demo.log, r"OUTBOUND GUARD RELAXED for (.*) \(")[1]
     assert relaxed == receiver
