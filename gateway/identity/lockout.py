@@ -24,12 +24,13 @@ attempts can take the last place.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from limits import parse
-from sqlalchemy import Connection, bindparam, case, delete, or_, select, update
+from sqlalchemy import Connection, Table, bindparam, case, delete, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -45,7 +46,7 @@ ADDRESS_SCOPE: Final = "login-ip"
 # share one budget, and no longer than a user name may be.
 ACCOUNT_KEY_LENGTH: Final = 64
 
-counters = LoginCounter.__table__
+counters = cast(Table, LoginCounter.__table__)
 
 
 class LockedOut(GatewayError):
@@ -96,6 +97,11 @@ FORGET_ENDED: Final = delete(counters).where(
     counters.c.window_start <= bindparam("window_ended_before", type_=UTCDateTime))
 
 
+# Who begins and ends the reservation's transaction: the request's unit of
+# work, or a connection's ``begin`` in a command or a test.
+Transaction = Callable[[], AbstractContextManager[Session | Connection]]
+
+
 @dataclass(frozen=True, slots=True)
 class Reservation:
     """The places one attempt holds: each counter's key and the window it counted in."""
@@ -123,22 +129,27 @@ class Lockout:
         return ((ACCOUNT_SCOPE, keyed_digest(self._pepper, f"{ACCOUNT_SCOPE}:{account}")),
                 (ADDRESS_SCOPE, keyed_digest(self._pepper, f"{ADDRESS_SCOPE}:{address}")))
 
-    def reserve(self, db: Session | Connection, now: datetime, *, username: str,
+    def reserve(self, transaction: Transaction, now: datetime, *, username: str,
                 address: str) -> Reservation:
         """Take a place for this attempt in the account's and the address's windows.
 
-        Raises :class:`LockedOut` when either is full; the caller then rolls
-        back, so a refused attempt takes no place in the other either.
+        In a ``transaction`` of its own, committed on return: every worker and
+        instance sees the place before this attempt's password is checked, and
+        the check, which is slow by design, holds no lock. Raises
+        :class:`LockedOut` when either window is full, having rolled back, so a
+        refused attempt takes no place in the other either.
         """
-        upsert = RESERVE[_dialect(db)]
-        places: list[tuple[str, datetime]] = []
-        for scope, key in self.keys(username, address):
-            window = db.execute(upsert, {"counter_key": key, "now": now, "limit": self.limit,
-                                         "window_ended_before": now - self.window}
-                                ).scalar_one_or_none()
-            if window is None:
-                raise LockedOut(scope, self._seconds_left(db, key, now))
-            places.append((key, window))
+        with transaction() as db:
+            upsert = RESERVE[_dialect(db)]
+            places: list[tuple[str, datetime]] = []
+            for scope, key in self.keys(username, address):
+                window = db.execute(upsert, {"counter_key": key, "now": now,
+                                             "limit": self.limit,
+                                             "window_ended_before": now - self.window}
+                                    ).scalar_one_or_none()
+                if window is None:
+                    raise LockedOut(scope, self._seconds_left(db, key, now))
+                places.append((key, window))
         return Reservation(tuple(places))
 
     def give_back(self, db: Session | Connection, reservation: Reservation) -> None:

@@ -1,9 +1,10 @@
-"""The login limits: every attempt counted before its password is checked, failures kept."""
+"""The login lockout: every attempt counted before its password is checked, failures kept."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from datetime import datetime
 
 import pytest
 from flask import Flask, request
@@ -12,6 +13,9 @@ from werkzeug.test import TestResponse
 
 from gateway import db
 from gateway.audit.models import AuditEvent
+from gateway.identity.lockout import Lockout, Reservation, Transaction
+from gateway.identity.web import LOCKOUT_EXTENSION
+from gateway.settings import Settings
 from tests.integration.portal.conftest import PASSWORD, Browser, csrf_of
 from tests.integration.portal.test_sessions import logged_in
 
@@ -41,23 +45,33 @@ class Gate:
                                          timeout=60), (self.held, self.answered)
 
 
+class HeldLockout(Lockout):
+    """The app's lockout, holding each wrong guess once its place is reserved."""
+
+    def __init__(self, settings: Settings, gate: Gate) -> None:
+        super().__init__(settings.ratelimit_login, settings.token_pepper)
+        self.gate = gate
+
+    def reserve(self, transaction: Transaction, now: datetime, *, username: str,
+                address: str) -> Reservation:
+        reservation = super().reserve(transaction, now, username=username, address=address)
+        # The reservation has committed; the password is not checked yet.
+        if request.form.get("password") != PASSWORD:
+            self.gate.note(held=1)
+            self.gate.opened.wait(timeout=60)
+        return reservation
+
+
 @pytest.fixture
-def gate(app: Flask) -> Iterator[Gate]:
-    """A hook after Flask-Limiter's (hooks run in the order they were added).
+def gate(app: Flask, settings: Settings) -> Iterator[Gate]:
+    """Holds each wrong guess between its reservation and its password check.
 
     Holding the guesses there makes "all at once" exact: each has been
     counted, or refused, and none has been answered when the right password
     comes, whatever the threads' timing.
     """
     held = Gate()
-
-    @app.before_request
-    def hold_wrong_guesses() -> None:
-        if request.endpoint == "identity.login_submit" and \
-                request.form.get("password") != PASSWORD:
-            held.note(held=1)
-            held.opened.wait(timeout=60)
-
+    app.extensions[LOCKOUT_EXTENSION] = HeldLockout(settings, held)
     yield held
     held.opened.set()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -32,8 +31,8 @@ class Attempts:
                 address: str = "192.0.2.1") -> Reservation | str:
         """The reservation, or the scope that refused it."""
         try:
-            with self.engine.begin() as connection:
-                return self.lockout.reserve(connection, at, username=username, address=address)
+            return self.lockout.reserve(self.engine.begin, at, username=username,
+                                        address=address)
         except LockedOut as refused:
             return refused.scope
 
@@ -48,8 +47,8 @@ class Attempts:
 
 
 @pytest.fixture
-def attempts(engine: Engine, lockout: Lockout) -> Iterator[Attempts]:
-    yield Attempts(engine, lockout)
+def attempts(engine: Engine, lockout: Lockout) -> Attempts:
+    return Attempts(engine, lockout)
 
 
 def test_the_default_limit_is_ten_per_fifteen_minutes() -> None:
@@ -80,8 +79,8 @@ def test_refusal_says_how_long_until_the_window_ends(
 ) -> None:
     for _ in range(3):
         attempts.reserve(START)
-    with pytest.raises(LockedOut) as refused, engine.begin() as connection:
-        lockout.reserve(connection, START + timedelta(minutes=10), username="alice",
+    with pytest.raises(LockedOut) as refused:
+        lockout.reserve(engine.begin, START + timedelta(minutes=10), username="alice",
                         address="192.0.2.1")
     assert refused.value.headers() == {"Retry-After": "300"}
     assert refused.value.status == 429
