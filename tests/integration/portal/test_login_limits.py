@@ -9,13 +9,17 @@ from datetime import datetime
 import pytest
 from flask import Flask, request
 from sqlalchemy import select
+from sqlalchemy.orm import sessionmaker
 from werkzeug.test import TestResponse
 
 from gateway import db
 from gateway.audit.models import AuditEvent
+from gateway.clock import FixedClock
 from gateway.identity.lockout import Lockout, Reservation, Transaction
+from gateway.identity.models import LoginCounter
 from gateway.identity.web import LOCKOUT_EXTENSION
 from gateway.settings import Settings
+from gateway.worker import sweep
 from tests.integration.portal.conftest import PASSWORD, Browser, csrf_of
 from tests.integration.portal.test_sessions import logged_in
 
@@ -133,3 +137,19 @@ def test_a_nul_in_the_user_name_is_a_failed_login_and_is_counted(
         targets = db.session().scalars(select(AuditEvent.target).where(
             AuditEvent.action == "login.failed")).all()
     assert targets == ["alice\ufffd"] * LIMIT
+
+
+def test_the_lockout_ends_with_its_window_and_the_sweeper_forgets_it(
+    app: Flask, browser: Callable[[], Browser], alice: str, clock: FixedClock,
+) -> None:
+    attacker = browser()
+    for _ in range(LIMIT):
+        assert attacker.log_in(alice, password="guess-guess-guess").status_code == 401
+    refused = attacker.log_in(alice)
+    assert refused.status_code == 429
+    assert refused.headers["Retry-After"] == str(15 * 60)
+    clock.advance(minutes=15)
+    with app.app_context():
+        sweep(sessionmaker(db.engine_of(app)), clock, app.extensions[LOCKOUT_EXTENSION])
+        assert db.session().scalars(select(LoginCounter)).all() == []
+    assert attacker.log_in(alice).status_code == 303
