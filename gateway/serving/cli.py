@@ -23,12 +23,13 @@ from gateway.web import ratelimit
 
 log = logging.getLogger(__name__)
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+MAX_WORKERS = 64
 
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8443, show_default=True, type=click.IntRange(1, 65535))
-@click.option("--workers", type=click.IntRange(1, 64),
+@click.option("--workers", type=click.IntRange(1, MAX_WORKERS),
               help="Worker processes.  [default: one per CPU this process may run on]")
 @click.option("--threads", default=32, show_default=True, type=click.IntRange(1, 1024),
               help="Threads per worker process.")
@@ -66,11 +67,12 @@ def default_workers() -> int:
     """One worker process per CPU this process may run on (its affinity, where the OS has one).
 
     A container or a ``taskset`` may allow fewer CPUs than the host has; a
-    worker per host CPU would then only take turns on the allowed ones.
+    worker per host CPU would then only take turns on the allowed ones. At
+    most as many as ``--workers`` accepts.
     """
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    cpus = len(usable) if usable is not None else os.cpu_count() or 1
+    return min(cpus, MAX_WORKERS)
 
 
 def _say_how_api_limits_count(settings: Settings, workers: int) -> None:
