@@ -154,11 +154,10 @@ def run_gateway(environ: dict[str, str], folder: Path, options: Options) -> Iter
     """``gateway serve`` with these options, answering /healthz over TLS; stopped afterwards."""
     # No worker beside it: the bare app has none, and webhook sending is
     # measured on its own by bench/webhooks.py.
-    # Counters in memory, one set per worker: the limits are set out of reach
-    # (scratch_environ), so counting apart changes nothing measured.
+    # API limits in memory, one set per worker: the limits are set out of
+    # reach (scratch_environ), so counting apart changes nothing measured.
     command = (*GATEWAY_COMMAND, "serve", "--host", options.host, "--port", str(options.port),
-               "--workers", str(options.workers), "--per-worker-limits",
-               "--threads", str(options.threads),
+               "--workers", str(options.workers), "--threads", str(options.threads),
                "--no-worker", *(["--pin-workers"] if options.pin_workers else []))
     certfile, _ = dev_certificate_paths(Path(environ["GATEWAY_INSTANCE_PATH"]))
     with _started("gateway", command, environ, folder, options.port) as server:

@@ -14,8 +14,9 @@ from gateway.elicitations import api as elicitations_api
 from gateway.elicitations import views as portal
 from gateway.elicitations.waiting import DEFAULT_SLOTS, WaitHub
 from gateway.identity import views as identity
+from gateway.identity.lockout import Lockout
 from gateway.identity.sessions import ServerSessionInterface
-from gateway.identity.web import page_subject
+from gateway.identity.web import LOCKOUT_EXTENSION, page_subject
 from gateway.metrics import counters
 from gateway.metrics import views as metrics
 from gateway.oauth import views as oauth
@@ -86,7 +87,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     ratelimit.init_app(app, settings)
     api.init_app(app, settings, [elicitations_api.blueprint, credentials_api.blueprint,
                                  openapi.blueprint])
-    ratelimit.limit_logins(app, identity.blueprint, settings)
+    app.extensions[LOCKOUT_EXTENSION] = Lockout.from_settings(settings)
     ratelimit.limit_portal(app, [identity.blueprint, oauth.blueprint], settings)
     app.register_blueprint(identity.blueprint)
     app.register_blueprint(portal.blueprint)

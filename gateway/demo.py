@@ -268,6 +268,9 @@ def demo(port: int) -> None:
     click.echo(f"Webhooks to the demo MCP server go to {webhook_url}; each is verified "
                "and printed below. Ctrl-C stops it.")
     click.echo()
-    click.get_current_context().invoke(serve, port=port, host="127.0.0.1", workers=1,
-                                       threads=32, certfile=None, keyfile=None,
-                                       no_tls=False, no_worker=False)
+    # Served as `gateway serve` serves by default (a worker per CPU): the demo
+    # shows the embedded default, and nothing in it needs a single process
+    # (the login lockout counts in the database; the receiver runs here, in
+    # the process that starts the workers).
+    click.get_current_context().invoke(serve, port=port, host="127.0.0.1", certfile=None,
+                                       keyfile=None, no_tls=False, no_worker=False)

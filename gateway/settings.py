@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
+from limits import parse_many
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -332,6 +333,7 @@ def _validate(values: dict[str, Any]) -> Settings:
             raise SettingsError(env_name(key), "must be 1 or more")
     _check_lease(values)
     _check_refresh_margin(values)
+    _check_login_limit(values)
     if values.get("login_backend") == "oidc":
         for key in ("oidc_issuer", "oidc_client_id", "oidc_client_secret"):
             if not values.get(key):
@@ -346,6 +348,18 @@ def _validate(values: dict[str, Any]) -> Settings:
     if values.get("outbound_ca_bundle") is not None:
         read_ca_bundle(values["outbound_ca_bundle"])
     return Settings(**values)
+
+
+def _check_login_limit(values: dict[str, Any]) -> None:
+    """The login lockout's limit is one rate (the database keeps one window per key)."""
+    raw = values.get("ratelimit_login", FIELDS["ratelimit_login"].default)
+    try:
+        rates = parse_many(raw)
+    except ValueError:
+        rates = []
+    if len(rates) != 1 or rates[0].amount < 1:
+        raise SettingsError(env_name("ratelimit_login"),
+                            f"{raw!r} is not one limit such as '10 per 15 minutes'")
 
 
 def read_ca_bundle(path: Path) -> str:

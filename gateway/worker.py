@@ -3,8 +3,9 @@
 Two loops, each in its thread: the webhook dispatcher, which sends the
 outbox, and the sweeper, which marks open elicitations whose time is up as
 expired (reads report them expired on time anyway; the sweep makes the
-state, its audit row and its webhook happen without anyone asking) and
-forgets the OAuth states of expired links. Any number of workers may run
+state, its audit row and its webhook happen without anyone asking),
+forgets the OAuth states of expired links and the login lockout's counters
+whose window has ended. Any number of workers may run
 against one database.
 """
 
@@ -26,6 +27,7 @@ from gateway import cli
 from gateway.clock import Clock, SystemClock
 from gateway.db import make_engine
 from gateway.elicitations.service import expire_overdue
+from gateway.identity.lockout import Lockout
 from gateway.oauth import states as oauth_states
 from gateway.outbound import OutboundPolicy
 from gateway.settings import Settings
@@ -37,18 +39,21 @@ log = logging.getLogger(__name__)
 SWEEP_SECONDS: Final = 5.0
 
 
-def sweep(factory: sessionmaker, clock: Clock) -> int:  # type: ignore[type-arg]
+def sweep(factory: sessionmaker, clock: Clock,  # type: ignore[type-arg]
+          lockout: Lockout) -> int:
     """One pass of the sweeper, in one transaction; how many elicitations expired.
 
-    It also forgets the OAuth states of expired links.
+    It also forgets the OAuth states of expired links and the login counters
+    of ended windows.
     """
     with factory() as session, session.begin():
         oauth_states.forget_expired(session, clock)
+        lockout.forget_ended(session, clock.now())
         return expire_overdue(session, clock)
 
 
-def _sweep_forever(factory: sessionmaker, stop: threading.Event,  # type: ignore[type-arg]
-                   parent: int | None) -> None:
+def _sweep_forever(factory: sessionmaker, lockout: Lockout,  # type: ignore[type-arg]
+                   stop: threading.Event, parent: int | None) -> None:
     while not stop.is_set():
         if parent is not None and os.getppid() != parent:
             # The `gateway serve` that started this worker is gone without
@@ -58,7 +63,7 @@ def _sweep_forever(factory: sessionmaker, stop: threading.Event,  # type: ignore
             stop.set()
             return
         try:
-            expired = sweep(factory, SystemClock())
+            expired = sweep(factory, SystemClock(), lockout)
             if expired:
                 log.info("expired %d elicitation(s)", expired)
         except SQLAlchemyError as error:
@@ -92,10 +97,11 @@ def worker(once: bool, parent: int | None) -> None:
     settings = cli.settings()  # which also starts logging as the settings say
     engine = make_engine(settings.database_url)
     factory = sessionmaker(engine, expire_on_commit=False)
+    lockout = Lockout.from_settings(settings)
     dispatcher = _dispatcher(settings)
     if once:
         try:
-            expired = sweep(factory, SystemClock())
+            expired = sweep(factory, SystemClock(), lockout)
             sent = dispatcher.run_once()
         except SQLAlchemyError as error:
             cli.fail(f"worker failed ({type(error).__name__}); is the schema current? "
@@ -109,7 +115,7 @@ def worker(once: bool, parent: int | None) -> None:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    sweeper = threading.Thread(target=_sweep_forever, args=(factory, stop, parent),
+    sweeper = threading.Thread(target=_sweep_forever, args=(factory, lockout, stop, parent),
                                name="sweeper", daemon=True)
     sweeper.start()
     log.info("worker started")

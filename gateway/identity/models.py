@@ -43,3 +43,17 @@ class BrowserSession(Base):
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+
+class LoginCounter(Base):
+    """The login attempts counted against one account or one address in its current window.
+
+    ``key`` is a keyed digest ("login-account:<name>" or "login-ip:<address>"
+    under the pepper): the table names neither a user nor an address.
+    """
+
+    __tablename__ = "login_counters"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    window_start: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    attempts: Mapped[int] = mapped_column(Integer)

@@ -7,8 +7,15 @@ from werkzeug.wrappers import Response
 
 from gateway import db
 from gateway.audit import service as audit
-from gateway.identity import oidc, service
-from gateway.identity.web import actor_of, current_subject, log_in, log_out, safe_next
+from gateway.identity import lockout, oidc, service
+from gateway.identity.web import (
+    actor_of,
+    current_lockout,
+    current_subject,
+    log_in,
+    log_out,
+    safe_next,
+)
 from gateway.web import ratelimit
 from gateway.web.context import current_clock, current_settings
 
@@ -30,8 +37,8 @@ def login_submit() -> Response | tuple[str, int]:
     next_path = safe_next(request.form.get("next"))
     if current_settings().login_backend != "local":
         return redirect(f"/login?next={next_path}", code=303)
-    ratelimit.check_login_counted()
     username = request.form.get("username", "")
+    reservation = _reserve_attempt(username)
     with db.transaction() as session:
         user = service.check_local_login(
             session, current_clock(), username=username, password=request.form.get("password", ""),
@@ -41,14 +48,24 @@ def login_submit() -> Response | tuple[str, int]:
             audit.record(session, current_clock(), actor=actor_of(subject), action="login",
                          target=user.username, source_ip=request.remote_addr,
                          details={"backend": "local"})
+            # The lockout holds failures; this attempt was counted before its check.
+            current_lockout().give_back(session, reservation)
     if user is None:
         page = render_template("login.html", next_path=next_path, username=username[:64],
                                error="The user name or password is not right.")
         return page, 401
-    # The login limits hold failures; this attempt was counted before its check.
-    ratelimit.give_back_login()
     log_in(subject)
     return redirect(next_path, code=303)
+
+
+def _reserve_attempt(username: str) -> lockout.Reservation:
+    """This attempt's place in the lockout's windows, committed before any password is checked."""
+    try:
+        return current_lockout().reserve(db.transaction, current_clock().now(),
+                                         username=username, address=ratelimit.source_address())
+    except lockout.LockedOut as refused:
+        ratelimit.count_refusal(refused.scope)
+        raise
 
 
 @blueprint.get("/login/callback")

@@ -7,14 +7,22 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 from urllib.parse import urlencode, urlsplit
 
-from flask import redirect, request, session, url_for
+from flask import current_app, redirect, request, session, url_for
 from werkzeug.wrappers import Response
 
+from gateway.identity.lockout import Lockout
 from gateway.identity.sessions import ServerSession, Subject
 from gateway.settings import Secret
 from gateway.tokens import keyed_digest
 
 SAFE_FALLBACK = "/"
+LOCKOUT_EXTENSION = "gateway.login_lockout"
+
+
+def current_lockout() -> Lockout:
+    """The login lockout of the app handling this request, built once in ``create_app``."""
+    lockout: Lockout = current_app.extensions[LOCKOUT_EXTENSION]
+    return lockout
 
 
 def current_subject() -> Subject | None:

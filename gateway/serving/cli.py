@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
 from pathlib import Path
 
@@ -22,19 +23,14 @@ from gateway.web import ratelimit
 
 log = logging.getLogger(__name__)
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
-DEFAULT_WORKERS = 2
+MAX_WORKERS = 64
 
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8443, show_default=True, type=click.IntRange(1, 65535))
-@click.option("--workers", type=click.IntRange(1, 64),
-              help=f"Worker processes.  [default: {DEFAULT_WORKERS}; 1 while the rate-limit "
-                   "counters are in memory]")
-@click.option("--per-worker-limits", is_flag=True,
-              help="With the rate-limit counters in memory, start several workers anyway, "
-                   "each counting on its own: every limit, logins included, as many times "
-                   "as loose as there are workers.")
+@click.option("--workers", type=click.IntRange(1, MAX_WORKERS),
+              help="Worker processes.  [default: one per CPU this process may run on]")
 @click.option("--threads", default=32, show_default=True, type=click.IntRange(1, 1024),
               help="Threads per worker process.")
 @click.option("--certfile", type=click.Path(path_type=Path), help="TLS certificate (PEM).")
@@ -47,12 +43,12 @@ DEFAULT_WORKERS = 2
               help="With at least one worker per CPU, keep each worker process on a "
                    "CPU of its own, where its threads share the interpreter lock "
                    "fastest; otherwise the kernel places them.")
-def serve(host: str, port: int, workers: int | None, per_worker_limits: bool, threads: int,
+def serve(host: str, port: int, workers: int | None, threads: int,
           certfile: Path | None, keyfile: Path | None, no_tls: bool, no_worker: bool,
           pin_workers: bool) -> None:
     """Serve the gateway over HTTPS (and, unless --no-worker, send its webhooks)."""
     settings = cli.settings()
-    workers = workers_for(settings, workers, per_worker_limits=per_worker_limits)
+    workers = workers or default_workers()
     policy = _check_secrets_and_destinations(settings)
     tls_files = None if no_tls else _tls_files(settings, certfile, keyfile)
     if no_tls and settings.proxy_hops < 1:
@@ -61,30 +57,31 @@ def serve(host: str, port: int, workers: int | None, per_worker_limits: bool, th
     _check_database(settings, workers)
     _check_what_may_fail_later(settings, policy)
     _check_port_free(host, port)
+    _say_how_api_limits_count(settings, workers)
     server.run(settings, server.Options(host=host, port=port, workers=workers,
                                         threads=threads, tls_files=tls_files,
                                         with_worker=not no_worker, pin_workers=pin_workers))
 
 
-def workers_for(settings: Settings, asked: int | None, *, per_worker_limits: bool) -> int:
-    """How many worker processes to start, so that no limit is looser than configured.
+def default_workers() -> int:
+    """One worker process per CPU this process may run on (its affinity, where the OS has one).
 
-    Counters in memory live in one process: with two workers each counts on
-    its own, and a guesser whose connections the kernel spreads over both
-    gets twice the login attempts the limit allows.
+    A container or a ``taskset`` may allow fewer CPUs than the host has; a
+    worker per host CPU would then only take turns on the allowed ones. At
+    most as many as ``--workers`` accepts.
     """
-    if per_worker_limits or not ratelimit.counts_per_process(settings):
-        return asked or DEFAULT_WORKERS
-    if asked is None:
-        log.debug("starting one worker: the rate-limit counters are in memory, which each "
-                 "process keeps for itself; set GATEWAY_RATELIMIT_STORAGE_URL for more")
-        return 1
-    if asked > 1:
-        cli.fail(f"--workers {asked} with the rate-limit counters in memory would let each "
-                 f"worker count on its own, every limit {asked} times as loose; set "
-                 "GATEWAY_RATELIMIT_STORAGE_URL to a shared store (redis://...), or pass "
-                 "--per-worker-limits to accept that")
-    return asked
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    cpus = len(usable) if usable is not None else os.cpu_count() or 1
+    return min(cpus, MAX_WORKERS)
+
+
+def _say_how_api_limits_count(settings: Settings, workers: int) -> None:
+    """Say once at start what the API rate limits mean with this many workers."""
+    if workers > 1 and ratelimit.counts_per_process(settings):
+        log.info("API rate limits are counted in each worker's memory: with %d workers a "
+                 "client may get up to %d times each limit; set "
+                 "GATEWAY_RATELIMIT_STORAGE_URL (redis://...) to count them exactly. The "
+                 "login lockout counts in the database and is exact.", workers, workers)
 
 
 def _check_secrets_and_destinations(settings: Settings) -> OutboundPolicy:

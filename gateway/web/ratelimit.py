@@ -1,17 +1,18 @@
-"""Rate limits (Flask-Limiter): API calls per token and per address, logins per account and
-address, the portal's pages for visitors not signed in per address.
+"""Rate limits (Flask-Limiter): API calls per token and per address, the portal's pages
+for visitors not signed in per address.
 
 Counters live in the memory of one process (each gunicorn worker counts on
-its own), or in Redis (GATEWAY_RATELIMIT_STORAGE_URL) when several processes
-or instances share the load. A
-client over its limit gets 429 with Retry-After, as problem+json, and the
-refusal is counted for ``/metrics`` under the limit's scope.
+its own, so a limit allows up to as many times its amount as there are
+workers), or in Redis (GATEWAY_RATELIMIT_STORAGE_URL), exact across every
+worker and instance that shares it. A client over its limit gets 429 with
+Retry-After, as problem+json, and the refusal is counted for ``/metrics``
+under the limit's scope.
 
 When the storage cannot be reached the limits fail open, so that an outage
 of Redis does not take the API and the portal down with it; the process says
 so once per outage at error level and counts each request that went
-uncounted. Logins are the exception: their limit is the lockout that stops
-password guessing, so a login that could not be counted is refused.
+uncounted. The login lockout is not here: it counts in the database
+(gateway.identity.lockout), shared by every worker with nothing else to run.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LOGIN_SCOPES: Final = ("login-account", "login-ip")
 PORTAL_SCOPE: Final = "portal-ip"
 
 EXTENSION = "gateway.limiter"
@@ -96,7 +96,7 @@ class StorageWatch:
             new, self._down = not self._down, True
         if new:
             log.error("rate-limit storage unreachable (%s: %s): rate limits are not enforced "
-                      "and logins are refused until it is back",
+                      "until it is back",
                       type(error).__name__, str(error)[:200])
 
     def reachable(self) -> None:
@@ -141,6 +141,11 @@ def counts_per_process(settings: Settings) -> bool:
     return urlsplit(settings.ratelimit_storage_url).scheme == "memory"
 
 
+def count_refusal(scope: str) -> None:
+    """Count a request refused by the limit of ``scope``, for ``/metrics``."""
+    counters.of(current_app).rate_limit_hits.labels(scope).inc()
+
+
 def counted(scope: str) -> Callable[[RequestLimit], None]:
     """A breach callback that counts the refusal under ``scope``.
 
@@ -149,7 +154,7 @@ def counted(scope: str) -> Callable[[RequestLimit], None]:
     """
 
     def count(breached: RequestLimit) -> None:
-        counters.of(current_app).rate_limit_hits.labels(scope).inc()
+        count_refusal(scope)
 
     return count
 
@@ -208,73 +213,6 @@ def _budget_headers(response: Response) -> Response:
     return response
 
 
-def limit_logins(app: Flask, blueprint: Blueprint, settings: Settings) -> None:
-    """Count logins per account and per address; past the limit, refuse them all.
-
-    Every attempt is counted before its password is checked: Flask-Limiter
-    counts in its hook, which runs before the view, with one atomic increment
-    per limit. Counting only failures, after their answer, would let guesses
-    sent at once all pass a limit none of them had yet been counted against,
-    the right one among them. A login that succeeds gives its count back
-    (:func:`give_back_login`), so the limits hold failures only: users behind
-    one shared address (an office, a campus) do not lock each other out by
-    logging in. Once the limit is reached every attempt gets 429 until the
-    window ends, the right password included: otherwise the limit would tell
-    a guesser when it hit.
-    """
-    limiter: Limiter = app.extensions[EXTENSION]
-    message = "Too many failed logins. Wait a few minutes, then try again."
-    for key_func, scope in zip((login_account_key, source_address), LOGIN_SCOPES,
-                               strict=True):
-        limiter.limit(settings.ratelimit_login, key_func=key_func, scope=scope,
-                      methods=["POST"], error_message=message,
-                      exempt_when=_not_a_login, on_breach=counted(scope))(blueprint)
-
-
-class LoginsPaused(GatewayError):
-    status = 503
-    code = "logins-paused"
-    title = "Logins are paused"
-
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": "30"}
-
-
-def check_login_counted() -> None:
-    """Refuse a login whose attempt the lockout could not count: it fails closed.
-
-    The login limits are evaluated before the view on every login form; an
-    empty list means their storage failed and Flask-Limiter let the request
-    through. Letting it go on would lift the lockout for as long as the
-    storage is away, for every guesser at once.
-    """
-    limiter: Limiter = current_app.extensions[EXTENSION]
-    if not limiter.current_limits or g.get("ratelimit_uncounted", False):
-        raise LoginsPaused("Logins are paused for a moment: the gateway cannot count failed "
-                           "logins right now. Try again in a minute.")
-
-
-def give_back_login() -> None:
-    """Take back the count of this request's login, which succeeded."""
-    limiter: Limiter = current_app.extensions[EXTENSION]
-    for spent in limiter.current_limits:
-        # The limit's arguments end with its scope ("<endpoint>:login-ip").
-        if not spent.request_args[-1].endswith(LOGIN_SCOPES):
-            continue  # the portal's limit counts requests, failed or not
-        try:
-            # Only into the window that counted it: a window that has ended
-            # reads as untouched, and giving back there would credit the next
-            # one (a negative count) with an extra guess.
-            window = limiter.limiter.get_window_stats(spent.limit, *spent.request_args)
-            if window.remaining < spent.limit.amount:
-                limiter.limiter.hit(spent.limit, *spent.request_args, cost=-1)
-        except limiter.storage.base_exceptions:
-            # As for the counting itself (swallow_errors): a storage outage
-            # must not fail a login that went through.
-            log.warning("could not give back a successful login's rate-limit count",
-                        exc_info=True)
-
-
 def limit_portal(app: Flask, blueprints: Iterable[Blueprint], settings: Settings) -> None:
     """One budget per source address for the portal routes anyone may call unsigned in.
 
@@ -294,16 +232,6 @@ def limit_portal(app: Flask, blueprints: Iterable[Blueprint], settings: Settings
             error_message="Too many requests from your address. Wait a minute, then "
                           "try again.",
         )(blueprint)
-
-
-def _not_a_login() -> bool:
-    # The limits sit on the identity blueprint; only its login form counts.
-    return request.endpoint != "identity.login_submit"
-
-
-def login_account_key() -> str:
-    # Case-folded, as logins are: "Alice" and "alice" share one budget.
-    return "account:" + request.form.get("username", "").strip().lower()[:64]
 
 
 def source_address() -> str:

@@ -141,13 +141,16 @@ def start_server(cli_environ: dict[str, str], tmp_path: Path) -> Iterator[Callab
     """Start ``gateway serve`` and wait until it accepts connections; stop it afterwards."""
     servers: list[Server] = []
 
-    def start(*args: str, env: dict[str, str] | None = None, tls: bool = True) -> Server:
+    def start(*args: str, env: dict[str, str] | None = None, tls: bool = True,
+              workers: str | None = "1") -> Server:
+        # One worker unless asked: the tests that need more say so. None
+        # leaves serve's own default (one per CPU).
         port = free_port()
         log = tmp_path / f"serve-{port}.log"
+        sized = ["--workers", workers] if workers else []
         with log.open("w") as handle:
             process = subprocess.Popen(
-                [*GATEWAY, "serve", "--port", str(port), "--workers", "1", "--threads", "4",
-                 *args],
+                [*GATEWAY, "serve", "--port", str(port), *sized, "--threads", "4", *args],
                 env=env or cli_environ, cwd=tmp_path, stdout=handle,
                 stderr=subprocess.STDOUT, text=True,
             )

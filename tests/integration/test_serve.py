@@ -7,23 +7,26 @@ import http.client
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import ssl
 import stat
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 from cryptography import x509
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, func, select, text
 
+from gateway.audit.models import AuditEvent
 from gateway.db import POSTGRES_CONNECTIONS_PER_PROCESS
 from gateway.serving.affinity import pins
-from gateway.serving.cli import DEFAULT_WORKERS, _warn_if_connections_may_run_out, workers_for
+from gateway.serving.cli import MAX_WORKERS, _warn_if_connections_may_run_out, default_workers
 from gateway.serving.tls import dev_certificate_paths, make_self_signed
-from gateway.settings import Settings
 from tests.integration.conftest import Result, Server, free_port, tls_context
 from tests.oidc.fixtures import OidcProvider
 
@@ -111,27 +114,25 @@ def test_behind_a_proxy_plain_http_pages_redirect_and_the_api_refuses(
     assert get(server, "/", None, {}).status == 301
 
 
-def test_several_workers_counting_in_memory_are_refused(
-    run_gateway: Callable[..., Result],
+def test_serve_starts_one_worker_per_cpu_by_default(
+    start_server: Callable[..., Server],
 ) -> None:
-    result = run_gateway("serve", "--workers", "2")
-    assert result.code == 1
-    [line] = result.stderr.strip().splitlines()
-    assert "2 times as loose" in line
-    assert "GATEWAY_RATELIMIT_STORAGE_URL" in line
-    assert "--per-worker-limits" in line
+    # Nothing configured: rate limits in memory, the embedded database or
+    # the suite's PostgreSQL, no --workers.
+    server = start_server("--no-worker", workers=None)
+    cpus = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else os.cpu_count() or 1, MAX_WORKERS)
+    assert default_workers() == cpus
+    assert len(_workers_listening(server, count=cpus)) == cpus
+    if cpus > 1:
+        assert (f"API rate limits are counted in each worker's memory: with {cpus} workers "
+                f"a client may get up to {cpus} times each limit") in server.output()
 
 
-def test_workers_default_to_one_while_each_would_count_alone(
-    make_settings: Callable[..., Settings],
-) -> None:
-    in_memory = make_settings()
-    shared = make_settings(GATEWAY_RATELIMIT_STORAGE_URL="redis://127.0.0.1:6379/0")
-    assert workers_for(in_memory, None, per_worker_limits=False) == 1
-    assert workers_for(in_memory, 1, per_worker_limits=False) == 1
-    assert workers_for(in_memory, 3, per_worker_limits=True) == 3
-    assert workers_for(shared, None, per_worker_limits=False) == DEFAULT_WORKERS
-    assert workers_for(shared, 4, per_worker_limits=False) == 4
+def test_per_worker_limits_is_gone(run_gateway: Callable[..., Result]) -> None:
+    result = run_gateway("serve", "--workers", "2", "--per-worker-limits")
+    assert result.code == 2
+    assert "--per-worker-limits" in result.stderr.splitlines()[-1]
 
 
 def test_no_tls_without_a_proxy_is_refused(run_gateway: Callable[..., Result]) -> None:
@@ -164,7 +165,7 @@ def test_a_second_server_on_a_running_gateways_port_is_refused(
 def test_connections_are_spread_over_the_workers(
     start_server: Callable[..., Server], instance_path: Path,
 ) -> None:
-    server = start_server("--workers", "2", "--per-worker-limits", "--no-worker")
+    server = start_server("--workers", "2", "--no-worker")
     workers = _workers_listening(server, count=2)
     listening = {pid: _sockets_of(pid) & _port_sockets(server.port, _LISTEN) for pid in workers}
     # A socket of its own in each worker, none shared and none in the master:
@@ -194,6 +195,59 @@ def test_connections_are_spread_over_the_workers(
     assert all(held.values()), held
 
 
+GUESSES = 60
+LOGIN_LIMIT = 10  # GATEWAY_RATELIMIT_LOGIN's default, "10 per 15 minutes"
+PASSWORD = "correct horse battery staple"
+
+
+def log_in(server: Server, context: ssl.SSLContext, username: str, password: str) -> int:
+    """A browser's login on connections of its own: the form, then its post; the status."""
+    form = http.client.HTTPSConnection("localhost", server.port, timeout=120, context=context)
+    form.request("GET", "/login", headers={"Host": "localhost"})
+    page = form.getresponse()
+    body = page.read().decode()
+    form.close()
+    cookie = page.headers["Set-Cookie"].split(";", 1)[0]
+    match = re.search(r'name="csrf_token" value="([^"]+)"', body)
+    assert match, body
+    post = http.client.HTTPSConnection("localhost", server.port, timeout=120, context=context)
+    post.request("POST", "/login", body=urlencode(
+        {"csrf_token": match[1], "username": username, "password": password, "next": "/"}),
+        headers={"Host": "localhost", "Cookie": cookie,
+                 "Content-Type": "application/x-www-form-urlencoded"})
+    answer = post.getresponse()
+    answer.read()
+    post.close()
+    return answer.status
+
+
+def test_guesses_at_once_on_two_workers_check_at_most_the_limits_passwords(
+    start_server: Callable[..., Server], run_gateway: Callable[..., Result],
+    instance_path: Path, engine: Engine,
+) -> None:
+    created = run_gateway("users", "create", "alice", "--password-stdin", stdin=PASSWORD)
+    assert created.code == 0, created.stderr
+    # Nothing but the database shared between the workers: no Redis. The
+    # kernel spreads the guesses' connections over both workers
+    # (test_connections_are_spread_over_the_workers).
+    server = start_server("--no-worker", workers="2")
+    assert len(_workers_listening(server, count=2)) == 2
+    context = tls_context(dev_certificate_paths(instance_path)[0])
+    with ThreadPoolExecutor(GUESSES) as guessers:
+        answers = list(guessers.map(
+            lambda number: log_in(server, context, "alice", f"guess-number-{number}"),
+            range(GUESSES)))
+    last = log_in(server, context, "alice", PASSWORD)
+
+    assert sorted(answers) == [401] * LOGIN_LIMIT + [429] * (GUESSES - LOGIN_LIMIT)
+    assert last == 429
+    # A refused attempt never reached the password check: only checked ones are audited.
+    with engine.connect() as connection:
+        failed = connection.scalar(select(func.count()).select_from(AuditEvent).where(
+            AuditEvent.action == "login.failed"))
+    assert failed == LOGIN_LIMIT
+
+
 # One worker per CPU this test may use, as on the 2-CPU machines it runs on.
 CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 needs_cpus = pytest.mark.skipif(not pins(len(CPUS)) or len(CPUS) > 8,
@@ -204,7 +258,7 @@ needs_cpus = pytest.mark.skipif(not pins(len(CPUS)) or len(CPUS) > 8,
 def test_pinned_with_a_worker_per_cpu_each_runs_on_a_cpu_of_its_own(
     start_server: Callable[..., Server],
 ) -> None:
-    server = start_server("--workers", str(len(CPUS)), "--per-worker-limits", "--no-worker",
+    server = start_server("--workers", str(len(CPUS)), "--no-worker",
                           "--pin-workers")
     workers = _workers_listening(server, count=len(CPUS))
     placed = {pid: os.sched_getaffinity(pid) for pid in workers}
@@ -228,7 +282,7 @@ def test_otherwise_the_kernel_places_the_workers(
 ) -> None:
     # Even when asked, several single-worker servers on one host must not all
     # crowd one CPU.
-    server = start_server("--workers", str(len(CPUS)), "--per-worker-limits", "--no-worker",
+    server = start_server("--workers", str(len(CPUS)), "--no-worker",
                           *placement)
     workers = _workers_listening(server, count=1 if "--workers" in placement else len(CPUS))
     assert all(os.sched_getaffinity(pid) == set(CPUS) for pid in workers)
@@ -404,7 +458,7 @@ def test_more_workers_than_postgresql_has_connections_for_are_warned_about(
     one = start_server("--no-worker")
     assert "PostgreSQL has" not in one.output()
     too_many = limit // POSTGRES_CONNECTIONS_PER_PROCESS + 1
-    crowded = start_server("--workers", str(too_many), "--per-worker-limits", "--no-worker")
+    crowded = start_server("--workers", str(too_many), "--no-worker")
     warning = next(line for line in crowded.output().splitlines() if "PostgreSQL has" in line)
     assert f"{too_many} workers may open up to {too_many * POSTGRES_CONNECTIONS_PER_PROCESS}" \
         in warning

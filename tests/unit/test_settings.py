@@ -249,3 +249,14 @@ def test_example_config_documents_every_setting_and_loads(tmp_path: Path) -> Non
     config = write_config(tmp_path, uncommented)
     settings = load_settings({"GATEWAY_CONFIG": str(config)})
     assert settings.public_url == "https://localhost:8443"
+
+
+@pytest.mark.parametrize("rate", ["often", "10/minute;100/hour", "0 per 15 minutes"])
+def test_a_login_limit_that_is_not_one_rate_is_refused(environ: dict[str, str],
+                                                       rate: str) -> None:
+    assert error_of({**environ, "GATEWAY_RATELIMIT_LOGIN": rate}) == (
+        f"GATEWAY_RATELIMIT_LOGIN: {rate!r} is not one limit such as '10 per 15 minutes'")
+
+
+def test_the_login_limit_defaults_to_ten_per_fifteen_minutes(environ: dict[str, str]) -> None:
+    assert load_settings(environ).ratelimit_login == "10 per 15 minutes"

@@ -1,17 +1,25 @@
-"""The login limits: every attempt counted before its password is checked, failures kept."""
+"""The login lockout: every attempt counted before its password is checked, failures kept."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from datetime import datetime
 
 import pytest
 from flask import Flask, request
 from sqlalchemy import select
+from sqlalchemy.orm import sessionmaker
 from werkzeug.test import TestResponse
 
 from gateway import db
 from gateway.audit.models import AuditEvent
+from gateway.clock import FixedClock
+from gateway.identity.lockout import Lockout, Reservation, Transaction
+from gateway.identity.models import LoginCounter
+from gateway.identity.web import LOCKOUT_EXTENSION
+from gateway.settings import Settings
+from gateway.worker import sweep
 from tests.integration.portal.conftest import PASSWORD, Browser, csrf_of
 from tests.integration.portal.test_sessions import logged_in
 
@@ -41,23 +49,33 @@ class Gate:
                                          timeout=60), (self.held, self.answered)
 
 
+class HeldLockout(Lockout):
+    """The app's lockout, holding each wrong guess once its place is reserved."""
+
+    def __init__(self, settings: Settings, gate: Gate) -> None:
+        super().__init__(settings.ratelimit_login, settings.token_pepper)
+        self.gate = gate
+
+    def reserve(self, transaction: Transaction, now: datetime, *, username: str,
+                address: str) -> Reservation:
+        reservation = super().reserve(transaction, now, username=username, address=address)
+        # The reservation has committed; the password is not checked yet.
+        if request.form.get("password") != PASSWORD:
+            self.gate.note(held=1)
+            self.gate.opened.wait(timeout=60)
+        return reservation
+
+
 @pytest.fixture
-def gate(app: Flask) -> Iterator[Gate]:
-    """A hook after Flask-Limiter's (hooks run in the order they were added).
+def gate(app: Flask, settings: Settings) -> Iterator[Gate]:
+    """Holds each wrong guess between its reservation and its password check.
 
     Holding the guesses there makes "all at once" exact: each has been
     counted, or refused, and none has been answered when the right password
     comes, whatever the threads' timing.
     """
     held = Gate()
-
-    @app.before_request
-    def hold_wrong_guesses() -> None:
-        if request.endpoint == "identity.login_submit" and \
-                request.form.get("password") != PASSWORD:
-            held.note(held=1)
-            held.opened.wait(timeout=60)
-
+    app.extensions[LOCKOUT_EXTENSION] = HeldLockout(settings, held)
     yield held
     held.opened.set()
 
@@ -119,3 +137,19 @@ def test_a_nul_in_the_user_name_is_a_failed_login_and_is_counted(
         targets = db.session().scalars(select(AuditEvent.target).where(
             AuditEvent.action == "login.failed")).all()
     assert targets == ["alice\ufffd"] * LIMIT
+
+
+def test_the_lockout_ends_with_its_window_and_the_sweeper_forgets_it(
+    app: Flask, browser: Callable[[], Browser], alice: str, clock: FixedClock,
+) -> None:
+    attacker = browser()
+    for _ in range(LIMIT):
+        assert attacker.log_in(alice, password="guess-guess-guess").status_code == 401
+    refused = attacker.log_in(alice)
+    assert refused.status_code == 429
+    assert refused.headers["Retry-After"] == str(15 * 60)
+    clock.advance(minutes=15)
+    with app.app_context():
+        sweep(sessionmaker(db.engine_of(app)), clock, app.extensions[LOCKOUT_EXTENSION])
+        assert db.session().scalars(select(LoginCounter)).all() == []
+    assert attacker.log_in(alice).status_code == 303

@@ -24,6 +24,7 @@ from gateway import db, preflight
 from gateway.audit.models import AuditEvent
 from gateway.credentials.models import Credential
 from gateway.elicitations.models import Elicitation
+from gateway.identity.web import LOCKOUT_EXTENSION
 from gateway.oauth.models import OAuthState
 from gateway.oauth.tokens import reveal_token_set
 from gateway.settings import Settings
@@ -382,7 +383,8 @@ def test_the_sweeper_forgets_the_states_of_expired_links(
     start(alices, kept["id"])
     clock.advance(seconds=61)
     with app.app_context():
-        sweep(sessionmaker(app.extensions["gateway.engine"]), clock)
+        sweep(sessionmaker(app.extensions["gateway.engine"]), clock,
+              app.extensions[LOCKOUT_EXTENSION])
     [left] = rows(app, OAuthState)
     assert left.elicitation_id == kept["id"]
 
