@@ -8,6 +8,7 @@ only reads never takes the lock.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -26,6 +27,13 @@ READ, WRITE = "read", "write"
 @pytest.fixture
 def transactions(app: Flask) -> Iterator[list[str]]:
     """How each transaction the app begins from now on began: as a read or as a write."""
+    with transactions_of(app) as begun:
+        yield begun
+
+
+@contextmanager
+def transactions_of(app: Flask) -> Iterator[list[str]]:
+    """While the block runs: how each transaction of the app began, as a read or a write."""
     begun: list[str] = []
 
     def began(connection: Connection) -> None:
