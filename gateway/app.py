@@ -76,8 +76,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.jinja_env.globals["static_url"] = lambda name: f"{app.static_url_path}/{name}"
     db.init_app(app, settings.database_url)
     key_versions.init_app(app, settings, db.engine_of(app), app.extensions["gateway.clock"])
-    app.session_interface = ServerSessionInterface(db.engine_of(app), app.extensions[
-        "gateway.clock"], settings)
+    # Its reads and writes are the request's unit of work (gateway.db).
+    app.session_interface = ServerSessionInterface(app.extensions["gateway.clock"], settings)
     # The edge's hooks first, then the CSRF check: a request over plain HTTP
     # or a form from another site is refused for what it is, with the answer
     # that says so, before its token is even read.

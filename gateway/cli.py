@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 import click
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from gateway import __version__
 from gateway.errors import GatewayError
@@ -103,25 +103,21 @@ def transaction(*, sealing: bool = False) -> Iterator[Session]:
     ``sealing``: the refusal of a secret sealed under a key version retired
     meanwhile is raised as it is, for :func:`sealed_transaction` to seal again.
     """
-    from gateway.db import make_engine
+    from gateway.db import make_engine, unit_of_work
     from gateway.vault.sealing import refers_to_missing_version
 
     engine = make_engine(settings().database_url)
-    session = sessionmaker(engine, expire_on_commit=False)()
     try:
-        yield session
-        session.commit()
+        with unit_of_work(engine) as session:
+            yield session
     except GatewayError as error:
-        session.rollback()
         fail(error.detail)
     except SQLAlchemyError as error:
-        session.rollback()
         if sealing and isinstance(error, IntegrityError) and refers_to_missing_version(error):
             raise
         fail(f"database error ({error.__class__.__name__}); is the schema current? "
              "run `gateway db upgrade`")
     finally:
-        session.close()
         engine.dispose()
 
 

@@ -1,18 +1,33 @@
-"""Engine, session-per-request and the one transaction helper.
+"""The engine and the unit of work: the one owner that begins and ends a transaction.
 
-Every state change runs inside :func:`transaction`: the change, its audit row
-and its outbox row commit together or not at all. Reads use the request's
-:func:`session` outside it.
+A request is one unit of work on one session. Whether it writes is known
+before it begins, from its method: a routed request whose method changes
+state (POST, PUT, PATCH, DELETE) begins its transaction as one that writes
+(on SQLite ``BEGIN IMMEDIATE``, the write lock taken once) at its first
+statement, which for the API is the token check. Any other request reads and
+never takes SQLite's write lock, unless it must write after all (an overdue
+elicitation marked expired, a browser session touched): then
+:func:`transaction` begins the write, on SQLite after ending the read.
+
+The method decides because it is known before the first statement, costs
+nothing to look up, and says what the client asked for; a GET that writes is
+the exception, and it pays for itself. The view's :func:`transaction` block
+ends the request's transaction (commit, or roll back on an error), so what
+the view does after it (the change signal, a provider call, the rendering)
+happens after the commit.
+
+Outside a request (a CLI command, a worker step) :func:`unit_of_work` is the
+same owner on an engine of the caller's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
-from flask import Flask, current_app, g
+from flask import Flask, current_app, g, has_request_context, request
 from sqlalchemy import DateTime, Engine, MetaData, create_engine
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import IntegrityError
@@ -109,41 +124,125 @@ def engine_of(app: Flask) -> Engine:
     return result
 
 
+# Methods that ask for no change (RFC 9110 section 9.2.1): their requests read.
+_SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+# Keys in the request session's info: it holds the write lock (the writer's
+# turn, to be let go when the transaction ends), and a transaction() block is open.
+_WRITING: Final = "gateway.writing"
+_IN_BLOCK: Final = "gateway.in_block"
+
+
 def session() -> Session:
-    """The session of the current request, opened on first use."""
+    """The session of the current request (or app context), opened on first use.
+
+    In a request known to write, its transaction begins here as one that writes.
+    """
     if "db_session" not in g:
-        g.db_session = current_app.extensions["gateway.sessionmaker"]()
+        current: Session = current_app.extensions["gateway.sessionmaker"]()
+        g.db_session = current
+        if _request_writes():
+            _begin_writing(current)
     result: Session = g.db_session
     return result
 
 
-_WRITING: Final = "gateway.writing"
+@contextmanager
+def transaction() -> Iterator[Session]:
+    """Run the block as the request's write transaction: commit at its end, or roll back.
+
+    In a request known to write, the block ends the transaction begun with
+    the request's first statement. In one that read, the read is ended and a
+    write begun. A block inside another joins it.
+    """
+    current = session()
+    if current.info.get(_IN_BLOCK):
+        yield current
+        return
+    if not current.info.get(_WRITING):
+        if current.in_transaction() and _reads_end_before_writing(current):
+            current.commit()  # a read only: nothing is written
+        _begin_writing(current)
+    current.info[_IN_BLOCK] = True
+    try:
+        yield current
+        current.commit()
+    except BaseException:
+        current.rollback()
+        raise
+    finally:
+        current.info.pop(_IN_BLOCK, None)
+        _end_writing(current)
 
 
 @contextmanager
-def transaction() -> Iterator[Session]:
-    """Run the block as one write transaction on the request's session: commit, or roll back.
+def reading() -> Iterator[Session]:
+    """A read on the request's session, ended with the block (a SQLite read keeps its snapshot).
 
-    A read the request made before is ended first, so that the transaction
-    begins as one that writes. A block inside another joins it.
+    For a request that waits between reads, holding no transaction open
+    meanwhile. Inside a write it joins the write.
     """
     current = session()
     if current.info.get(_WRITING):
         yield current
         return
-    if current.in_transaction():
+    try:
+        yield current
+    finally:
         current.commit()  # a read only: nothing is written
-    with sqlite.writer_turn(current.get_bind().engine):
+
+
+@contextmanager
+def unit_of_work(engine: Engine, *, wait: bool = True) -> Iterator[Session]:
+    """One write transaction on ``engine`` outside a request: commit, or roll back.
+
+    ``wait=False``: on SQLite, fail at once when the write lock is taken
+    rather than wait for it (a write this process may make while one of its
+    own transactions holds the lock).
+    """
+    bind = engine if wait else without_waiting(engine)
+    with ExitStack() as stack:
+        if wait:
+            stack.enter_context(sqlite.writer_turn(engine))
+        current = stack.enter_context(Session(bind, expire_on_commit=False))
+        stack.enter_context(current.begin())
+        yield current
+
+
+def _request_writes() -> bool:
+    # Not yet routed, a request reads: the browser session is looked up
+    # before the CSRF check and the limits, and a request they refuse must
+    # not have taken the write lock.
+    return has_request_context() and request.url_rule is not None \
+        and request.method not in _SAFE_METHODS
+
+
+def _reads_end_before_writing(current: Session) -> bool:
+    # On SQLite a transaction begun as a read cannot safely become the
+    # writer (see gateway.sqlite): the read ends and a write begins. On
+    # PostgreSQL there is no write lock to take: the transaction goes on.
+    return current.get_bind().engine.dialect.name == "sqlite"
+
+
+def _begin_writing(current: Session) -> None:
+    # This process's writers take their turn first (sqlite.writer_turn),
+    # held until the transaction ends, then the database's write lock.
+    engine = current.get_bind().engine
+    turn = ExitStack()
+    turn.enter_context(sqlite.writer_turn(engine))
+    current.info[_WRITING] = turn
+    if engine.dialect.name != "sqlite":
+        return  # its first statement begins it
+    try:
         current.connection(execution_options={sqlite.READS: False})
-        current.info[_WRITING] = True
-        try:
-            yield current
-            current.commit()
-        except BaseException:
-            current.rollback()
-            raise
-        finally:
-            current.info.pop(_WRITING, None)
+    except BaseException:
+        _end_writing(current)
+        raise
+
+
+def _end_writing(current: Session) -> None:
+    turn: ExitStack | None = current.info.pop(_WRITING, None)
+    if turn is not None:
+        turn.close()
 
 
 T = TypeVar("T")
@@ -167,6 +266,11 @@ def retry_on_conflict(work: Callable[[], T], *, attempts: int,
 
 
 def _close_session(error: BaseException | None) -> None:
+    # A transaction still open (a request that failed before its block) is
+    # rolled back by the close.
     current: Session | None = g.pop("db_session", None)
     if current is not None:
-        current.close()
+        try:
+            current.close()
+        finally:
+            _end_writing(current)

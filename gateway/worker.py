@@ -20,12 +20,12 @@ from types import FrameType
 from typing import Final
 
 import click
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import sessionmaker
 
 from gateway import cli
 from gateway.clock import Clock, SystemClock
-from gateway.db import make_engine
+from gateway.db import make_engine, unit_of_work
 from gateway.elicitations.service import expire_overdue
 from gateway.identity.lockout import Lockout
 from gateway.oauth import states as oauth_states
@@ -39,21 +39,20 @@ log = logging.getLogger(__name__)
 SWEEP_SECONDS: Final = 5.0
 
 
-def sweep(factory: sessionmaker, clock: Clock,  # type: ignore[type-arg]
-          lockout: Lockout) -> int:
+def sweep(engine: Engine, clock: Clock, lockout: Lockout) -> int:
     """One pass of the sweeper, in one transaction; how many elicitations expired.
 
     It also forgets the OAuth states of expired links and the login counters
     of ended windows.
     """
-    with factory() as session, session.begin():
+    with unit_of_work(engine) as session:
         oauth_states.forget_expired(session, clock)
         lockout.forget_ended(session, clock.now())
         return expire_overdue(session, clock)
 
 
-def _sweep_forever(factory: sessionmaker, lockout: Lockout,  # type: ignore[type-arg]
-                   stop: threading.Event, parent: int | None) -> None:
+def _sweep_forever(engine: Engine, lockout: Lockout, stop: threading.Event,
+                   parent: int | None) -> None:
     while not stop.is_set():
         if parent is not None and os.getppid() != parent:
             # The `gateway serve` that started this worker is gone without
@@ -63,7 +62,7 @@ def _sweep_forever(factory: sessionmaker, lockout: Lockout,  # type: ignore[type
             stop.set()
             return
         try:
-            expired = sweep(factory, SystemClock(), lockout)
+            expired = sweep(engine, SystemClock(), lockout)
             if expired:
                 log.info("expired %d elicitation(s)", expired)
         except SQLAlchemyError as error:
@@ -96,12 +95,11 @@ def worker(once: bool, parent: int | None) -> None:
     """Send webhooks and expire elicitations whose time is up."""
     settings = cli.settings()  # which also starts logging as the settings say
     engine = make_engine(settings.database_url)
-    factory = sessionmaker(engine, expire_on_commit=False)
     lockout = Lockout.from_settings(settings)
     dispatcher = _dispatcher(settings)
     if once:
         try:
-            expired = sweep(factory, SystemClock(), lockout)
+            expired = sweep(engine, SystemClock(), lockout)
             sent = dispatcher.run_once()
         except SQLAlchemyError as error:
             cli.fail(f"worker failed ({type(error).__name__}); is the schema current? "
@@ -115,7 +113,7 @@ def worker(once: bool, parent: int | None) -> None:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    sweeper = threading.Thread(target=_sweep_forever, args=(factory, lockout, stop, parent),
+    sweeper = threading.Thread(target=_sweep_forever, args=(engine, lockout, stop, parent),
                                name="sweeper", daemon=True)
     sweeper.start()
     log.info("worker started")

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Final
 from urllib.parse import urlsplit
 
-from sqlalchemy import select
+from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -213,23 +213,27 @@ def identity_of(client: Client) -> ClientIdentity:
     return ClientIdentity(client.id, client.name, tuple(client.credential_types or ()))
 
 
-def authenticate(session: Session, token_digest: str | None) -> ClientIdentity:
+def authenticate(connection: Connection, token_digest: str | None) -> ClientIdentity:
     """The active client holding the live token with this keyed digest."""
     if token_digest is None:
         raise Unauthenticated("send the client's API token as `Authorization: Bearer gw_…`",
                               error=None)
     # The lookup is by digest: no stored token is ever compared with the
-    # presented one, so there is no timing difference to measure.
-    row = session.execute(
-        select(Client.id, Client.name, Client.status, Client.credential_types,
-               ApiToken.revoked_at)
-        .join(ApiToken, ApiToken.client_id == Client.id)
-        .where(ApiToken.digest == token_digest)).first()
+    # presented one, so there is no timing difference to measure. Read on
+    # every request, never cached: a revoked token is refused at once.
+    row = connection.execute(_TOKEN_CHECK, {"digest": token_digest}).first()
     if row is None or row.revoked_at is not None:
         raise Unauthenticated("the API token is not valid: unknown or revoked")
     if row.status != "active":
         raise Unauthenticated("this client is disabled; ask the gateway's operator")
     return ClientIdentity(row.id, row.name, tuple(row.credential_types or ()))
+
+
+# Built once, run on every API request with the presented token's digest.
+_TOKEN_CHECK: Final = (
+    select(Client.id, Client.name, Client.status, Client.credential_types, ApiToken.revoked_at)
+    .join(ApiToken, ApiToken.client_id == Client.id)
+    .where(ApiToken.digest == bindparam("digest")))
 
 
 def current_webhook_secrets(session: Session, clock: Clock, keyring: KeySource,

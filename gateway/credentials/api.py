@@ -16,7 +16,6 @@ from gateway.elicitations.schemas import Issuer, SubjectId
 from gateway.errors import InvalidInput
 from gateway.oauth import refresh, revocation
 from gateway.oauth.provider import provider_of
-from gateway.oauth.tokens import KIND
 from gateway.vault.keyring import current_keyring
 from gateway.web.api import current_client, query_cursor, query_text
 from gateway.web.context import current_clock, current_settings
@@ -67,15 +66,15 @@ def reveal(credential_id: str) -> Response:
     ask = _reveal(credential_id)
     # Handed out only once the transaction with its audit row has committed.
     with db.transaction() as session:
-        credential = service.get_for_client(session, ask.client_id, credential_id)
-        if credential.kind != KIND:
-            _, secret = service.reveal_for_client(
-                session, ask.clock, ask.keyring, ask.client_id, credential_id,
-                actor=ask.actor, source_ip=ask.source_ip)
-            return jsonify(id=credential.id, type=credential.type, secret=secret)
-        provider = provider_of(credential.type)
-        revealed = refresh.reveal_if_fresh(session, ask, credential,
-                                           refreshable=provider is not None)
+        key = service.reveal_key(session.connection(), ask.clock, ask.keyring, ask.client_id,
+                                 credential_id, actor=ask.actor, source_ip=ask.source_ip)
+        if key is None:  # an OAuth connection
+            credential = service.get_for_client(session, ask.client_id, credential_id)
+            provider = provider_of(credential.type)
+            revealed = refresh.reveal_if_fresh(session, ask, credential,
+                                               refreshable=provider is not None)
+    if key is not None:
+        return jsonify(id=key.id, type=key.type, secret=key.secret)
     if revealed is None:  # due: refreshed outside the transaction, once for everyone
         revealed = refresh.refresh_then_reveal(ask, provider, credential)
     return jsonify(revealed.as_json())

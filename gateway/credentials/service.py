@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final
 
-from sqlalchemy import and_, delete, or_, select
+from sqlalchemy import Connection, and_, bindparam, delete, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -29,7 +30,7 @@ from gateway.elicitations.models import Elicitation
 from gateway.errors import Conflict, GatewayError, NotFound
 from gateway.pagination import decode_cursor, encode_cursor, timestamp
 from gateway.tokens import new_id
-from gateway.vault.envelope import VaultError, bind, reveal_plaintext
+from gateway.vault.envelope import Envelope, VaultError, bind, reveal_plaintext
 from gateway.vault.keyring import KeySource
 from gateway.webhooks import outbox
 from gateway.wording import with_article
@@ -127,9 +128,14 @@ OWNER_RACES: Final = 5
 
 def binding(credential: Credential) -> bytes:
     """The associated data that ties a credential's ciphertext to its row."""
-    return bind(purpose="credential", id=credential.id, client_id=credential.client_id,
-                subject_iss=credential.subject_iss, subject_sub=credential.subject_sub,
-                type=credential.type)
+    return _binding(credential.id, credential.client_id, credential.subject_iss,
+                    credential.subject_sub, credential.type)
+
+
+def _binding(credential_id: str, client_id: str, subject_iss: str, subject_sub: str,
+             type_id: str) -> bytes:
+    return bind(purpose="credential", id=credential_id, client_id=client_id,
+                subject_iss=subject_iss, subject_sub=subject_sub, type=type_id)
 
 
 def seal_for(keyring: KeySource, elicitation: Elicitation, credential_type: CredentialType,
@@ -309,11 +315,55 @@ def reveal_for_client(
     return credential, secret
 
 
+@dataclass(frozen=True, slots=True)
+class RevealedKey:
+    """An API key's plaintext for its owning MCP server, its reveal audited."""
+
+    id: str
+    type: str
+    secret: str
+
+
+def reveal_key(connection: Connection, clock: Clock, keyring: KeySource, client_id: str,
+               credential_id: str, *, actor: str, source_ip: str | None) -> RevealedKey | None:
+    """:func:`reveal_for_client` for an API key, on the transaction's connection.
+
+    The reveal in the path of every tool call that uses a stored key: one
+    statement built once reads the row, one writes the audit row. None for
+    an OAuth connection, whose reveal may refresh it first.
+    """
+    row = connection.execute(_OF_CLIENT, {"id": credential_id,
+                                          "client_id": client_id}).mappings().first()
+    if row is None:
+        raise NotFound(f"no credential {credential_id!r}")
+    if row["kind"] == "oauth":
+        return None
+    _require_live(row["revoked_at"], row["revoked_reason"])
+    envelope = Envelope(row["key_version"], row["wrapped_key"], row["nonce"], row["ciphertext"])
+    try:
+        secret = reveal_plaintext(keyring, envelope, _binding(
+            row["id"], row["client_id"], row["subject_iss"], row["subject_sub"], row["type"]))
+    except VaultError:
+        raise _unreadable(row["id"], row["key_version"]) from None
+    audit.record_on(connection, clock, actor=actor, action="credential.revealed",
+                    target=row["id"], source_ip=source_ip,
+                    details={"client_id": row["client_id"], "type": row["type"]})
+    return RevealedKey(row["id"], row["type"], secret.decode())
+
+
+_OF_CLIENT: Final = select(Credential.__table__).where(
+    Credential.id == bindparam("id"), Credential.client_id == bindparam("client_id"))
+
+
 def require_live(credential: Credential) -> None:
     """Refuse a revoked credential, saying what the MCP server should do about it."""
-    if credential.live:
+    _require_live(credential.revoked_at, credential.revoked_reason)
+
+
+def _require_live(revoked_at: datetime | None, revoked_reason: str | None) -> None:
+    if revoked_at is None:
         return
-    if credential.revoked_reason == Reason.REFRESH_FAILED:
+    if revoked_reason == Reason.REFRESH_FAILED:
         raise ReconnectRequired("the provider refused to refresh this connection; ask the "
                                 "user to connect the account again")
     raise Conflict("this credential was revoked; ask the user for a new one")
@@ -321,10 +371,14 @@ def require_live(credential: Credential) -> None:
 
 def unreadable(credential: Credential) -> CredentialUnreadable:
     """The error, logged, of a credential whose envelope does not open with this keyring."""
+    return _unreadable(credential.id, credential.key_version)
+
+
+def _unreadable(credential_id: str, key_version: int) -> CredentialUnreadable:
     # Restored beside the wrong keyring, or a retired key version: nothing
     # the caller can fix.
     log.error("credential %s does not open with this keyring (sealed under key v%d)",
-              credential.id, credential.key_version)
+              credential_id, key_version)
     return CredentialUnreadable(
         "the gateway cannot open this credential with its keyring; its operator must "
         "restore the keyring it was sealed with (`gateway status` shows the key versions "

@@ -82,9 +82,10 @@ def read(elicitation_id: str) -> tuple[Response, int]:
 def _current_state(elicitation_id: str) -> Elicitation:
     # Most reads find the elicitation as stored, and change nothing. Only an
     # overdue one is marked expired, in a write transaction with its audit row.
-    elicitation = service.get(db.session(), current_client(), elicitation_id)
+    elicitation = service.read(db.session().connection(), current_client(), elicitation_id)
     if lifecycle.is_overdue(elicitation, current_clock().now()):
         with db.transaction() as session:
+            elicitation = service.get(session, current_client(), elicitation_id)
             service.expire_if_overdue(session, current_clock(), elicitation)
     return elicitation
 

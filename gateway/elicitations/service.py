@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import Connection, and_, bindparam, insert, or_, select
 from sqlalchemy.orm import Session
 
 from gateway.audit import service as audit
@@ -100,22 +100,42 @@ def create(
     now = clock.now()
     existing = _reusable(session, caller.client, request, scopes, now) \
         if request.reuse_pending else None
+    connection = session.connection()
     if existing is not None:
         outcome = Outcome(200, represent(existing, public_url, now))
     else:
         created = _new(caller, request, scopes, now)
-        session.add(created)
-        audit.record(session, clock, actor=caller.actor, action="elicitation.created",
-                     target=created.id, source_ip=caller.source_ip,
-                     details={"client_id": caller.client.id, "kind": request.kind,
-                              "credential_type": created.credential_type,
-                              "ttl_seconds": request.ttl_seconds})
+        # Inserted by statements built once; the row is not tracked by the
+        # session, as nothing in this transaction changes it again.
+        connection.execute(_INSERT_ELICITATION, _columns_of(created))
+        audit.record_on(connection, clock, actor=caller.actor, action="elicitation.created",
+                        target=created.id, source_ip=caller.source_ip,
+                        details={"client_id": caller.client.id, "kind": request.kind,
+                                 "credential_type": created.credential_type,
+                                 "ttl_seconds": request.ttl_seconds})
         outcome = Outcome(201, represent(created, public_url, now))
     if idempotency_key is not None:
-        session.add(IdempotencyRecord(
-            client_id=caller.client.id, key=idempotency_key, request_digest=request_digest,
-            status_code=outcome.status_code, response=outcome.body, created_at=now))
+        connection.execute(_INSERT_IDEMPOTENCY, {
+            "client_id": caller.client.id, "key": idempotency_key,
+            "request_digest": request_digest, "status_code": outcome.status_code,
+            "response": outcome.body, "created_at": now})
     return outcome
+
+
+_INSERT_ELICITATION: Final = insert(Elicitation)
+_INSERT_IDEMPOTENCY: Final = insert(IdempotencyRecord)
+
+
+def _columns_of(elicitation: Elicitation) -> dict[str, Any]:
+    """A new elicitation's values by column name (the metadata column's attribute differs)."""
+    return {"id": elicitation.id, "client_id": elicitation.client_id,
+            "subject_iss": elicitation.subject_iss, "subject_sub": elicitation.subject_sub,
+            "kind": elicitation.kind, "credential_type": elicitation.credential_type,
+            "scopes": elicitation.scopes, "payment": elicitation.payment,
+            "message": elicitation.message, "metadata": elicitation.metadata_,
+            "status": elicitation.status, "created_at": elicitation.created_at,
+            "expires_at": elicitation.expires_at, "opened_at": elicitation.opened_at,
+            "ended_at": elicitation.ended_at}
 
 
 def request_digest(body: bytes) -> str:
@@ -246,6 +266,30 @@ def get(session: Session, client: ClientIdentity, elicitation_id: str) -> Elicit
     if elicitation is None or elicitation.client_id != client.id:
         raise NotFound(f"no elicitation {elicitation_id!r}")
     return elicitation
+
+
+def read(connection: Connection, client: ClientIdentity, elicitation_id: str) -> Elicitation:
+    """:func:`get` by a statement built once, for the API's read: the row, not tracked.
+
+    The elicitation it returns belongs to no session; to change it, :func:`get`
+    it in the transaction that does.
+    """
+    if not _ELICITATION_ID.fullmatch(elicitation_id):
+        raise NotFound(f"no elicitation {elicitation_id!r}")
+    row = connection.execute(_READ, {"id": elicitation_id,
+                                     "client_id": client.id}).mappings().first()
+    if row is None:
+        raise NotFound(f"no elicitation {elicitation_id!r}")
+    return Elicitation(**row)
+
+
+# Labelled by attribute name, so that the row makes the object as it is.
+_READ: Final = select(*(column.label(attribute) for attribute, column in (
+    (attribute, getattr(Elicitation, attribute)) for attribute in (
+        "id", "client_id", "subject_iss", "subject_sub", "kind", "credential_type", "scopes",
+        "payment", "message", "metadata_", "status", "created_at", "expires_at", "opened_at",
+        "ended_at")))).where(Elicitation.id == bindparam("id"),
+                             Elicitation.client_id == bindparam("client_id"))
 
 
 def _load(session: Session, elicitation_id: str, *, fresh: bool = False) -> Elicitation | None:

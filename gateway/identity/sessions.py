@@ -18,8 +18,7 @@ from typing import Any, Final
 
 from flask import Flask, Request, Response
 from flask.sessions import SessionInterface, SessionMixin
-from sqlalchemy import Engine, delete, select, update
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy import delete, select, update
 from werkzeug.datastructures import CallbackDict
 
 from gateway import db
@@ -77,8 +76,7 @@ class ServerSession(CallbackDict[str, Any], SessionMixin):
 class ServerSessionInterface(SessionInterface):
     """Flask's session, kept in the ``browser_sessions`` table."""
 
-    def __init__(self, engine: Engine, clock: Clock, settings: Settings) -> None:
-        self._sessions = sessionmaker(engine, expire_on_commit=False)
+    def __init__(self, clock: Clock, settings: Settings) -> None:
         self._clock = clock
         self._pepper: Secret = settings.token_pepper
         self._idle = timedelta(minutes=settings.session_idle_minutes)
@@ -132,7 +130,7 @@ class ServerSessionInterface(SessionInterface):
     def _insert(self, session: ServerSession) -> str:
         token = new_token("")
         now = self._clock.now()
-        with self._sessions.begin() as orm:
+        with db.transaction() as orm:
             orm.add(BrowserSession(
                 digest=keyed_digest(self._pepper, token),
                 subject_iss=session.subject.iss if session.subject else None,
@@ -142,13 +140,13 @@ class ServerSessionInterface(SessionInterface):
 
     def _update(self, session: ServerSession) -> None:
         assert session.token is not None
-        with self._sessions.begin() as orm:
+        with db.transaction() as orm:
             orm.execute(update(BrowserSession)
                        .where(BrowserSession.digest == keyed_digest(self._pepper, session.token))
                        .values(data=dict(session), last_seen_at=self._clock.now()))
 
     def _touch(self, token: str) -> None:
-        with self._sessions.begin() as orm:
+        with db.transaction() as orm:
             orm.execute(update(BrowserSession)
                        .where(BrowserSession.digest == keyed_digest(self._pepper, token))
                        .values(last_seen_at=self._clock.now()))
@@ -156,7 +154,7 @@ class ServerSessionInterface(SessionInterface):
     def _delete(self, token: str | None) -> None:
         if token is None:
             return
-        with self._sessions.begin() as orm:
+        with db.transaction() as orm:
             orm.execute(delete(BrowserSession).where(
                 BrowserSession.digest == keyed_digest(self._pepper, token)))
 

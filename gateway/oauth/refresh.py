@@ -202,17 +202,14 @@ def refresh_then_reveal(ask: Reveal, provider: Provider | None, seen: Credential
 
 def _read(ask: Reveal) -> tuple[Credential, datetime]:
     """The row as it is now, and the database's time, in a read transaction of its own."""
-    session = db.session()
-    try:
+    # Ended at once: a SQLite read keeps showing the snapshot it began
+    # with, and no transaction stays open while this request waits.
+    with db.reading() as session:
         credential = service.get_for_client(session, ask.client_id, ask.credential_id,
                                             fresh=True)
         now = session.scalar(select(database_now()))
         assert now is not None
         return credential, now
-    finally:
-        # Ended at once: a SQLite read keeps showing the snapshot it began
-        # with, and no transaction stays open while this request waits.
-        session.commit()
 
 
 def _take_lease(seen: Credential, lease: timedelta, holder: str) -> bool:

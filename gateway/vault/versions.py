@@ -61,7 +61,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from gateway.clock import Clock
-from gateway.db import for_reads, without_waiting
+from gateway.db import for_reads, unit_of_work
 from gateway.settings import Settings
 from gateway.vault.keyring import EXTENSION, KEY_BYTES, Keyring, KeyringError, load_keyring
 from gateway.vault.models import KeyVersion, VaultInstance
@@ -145,7 +145,7 @@ class KeyVersions:
     def withdraw(self) -> None:
         """Delete this process's heartbeat: it wraps nothing more (a command that ends)."""
         try:
-            with Session(without_waiting(self._engine)) as session, session.begin():
+            with unit_of_work(self._engine, wait=False) as session:
                 session.execute(delete(VaultInstance)
                                 .where(VaultInstance.instance == self._instance))
         except SQLAlchemyError as error:
@@ -196,7 +196,7 @@ class KeyVersions:
             # lock (a secret sealed inside a transaction). Then that
             # transaction's commit is what a `retire` waits for, and the
             # next wrap reads the versions and tries again.
-            with Session(without_waiting(self._engine)) as session, session.begin():
+            with unit_of_work(self._engine, wait=False) as session:
                 if not listed and session.get(KeyVersion, version) is None:
                     session.add(KeyVersion(version=version, root_version=None,
                                            wrapped_key=None, created_at=now))

@@ -91,7 +91,9 @@ def _authenticate() -> None:
     view = current_app.view_functions.get(request.endpoint or "")
     if getattr(view, _PUBLIC_ATTRIBUTE, False):
         return
-    g.client = authenticate(db.session(), ratelimit.token_digest())
+    # The request's first statement: in a request that writes, its
+    # transaction begins here, as one that writes (see gateway.db).
+    g.client = authenticate(db.session().connection(), ratelimit.token_digest())
 
 
 def json_body(adapter: TypeAdapter[T]) -> T:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
+from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from gateway import changes
@@ -29,9 +30,15 @@ def enqueue(session: Session, clock: Clock, client_id: str, webhook_url: str | N
     now = clock.now()
     body = json.dumps({"type": event_type, "timestamp": timestamp(now), "data": data},
                       separators=(",", ":"), ensure_ascii=False)
-    event = WebhookEvent(id=new_id("msg_", 18), client_id=client_id, type=event_type,
-                         elicitation_id=elicitation_id, body=body, status="pending",
-                         attempts=0, next_attempt_at=now, created_at=now)
-    session.add(event)
+    event_id = new_id("msg_", 18)
+    # Inserted at once by a statement built once: nothing in the transaction
+    # changes the row again.
+    session.connection().execute(_INSERT, {
+        "id": event_id, "client_id": client_id, "type": event_type,
+        "elicitation_id": elicitation_id, "body": body, "status": "pending", "attempts": 0,
+        "next_attempt_at": now, "created_at": now})
     changes.announce(session, CHANGE_TOPIC)
-    return event.id
+    return event_id
+
+
+_INSERT: Final = insert(WebhookEvent)

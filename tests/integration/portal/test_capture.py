@@ -30,6 +30,7 @@ from gateway.identity.sessions import Subject
 from gateway.vault import keyring
 from gateway.vault.keyring import current_keyring
 from tests.conftest import Api, Registered, client_for
+from tests.integration.api.test_unit_of_work import WRITE, only_sqlite_tells, transactions_of
 from tests.integration.portal.conftest import Browser, csrf_of
 
 KEY = "wx-live-7f3a9c2e5b1d4a6f8e0c"
@@ -460,3 +461,14 @@ def test_concurrent_reveals_each_commit_their_own_audit_event(
         revealed = db.session().scalars(select(AuditEvent.target).where(
             AuditEvent.action == "credential.revealed")).all()
     assert revealed == [credential["id"]] * 40
+
+
+def test_a_reveal_is_one_transaction_that_writes_from_its_token_check(
+    app: Flask, api: Api, alices: Browser, link_for: Callable[..., dict[str, Any]],
+) -> None:
+    submit(alices, link_for("alice"))
+    [credential] = api.get("/api/v1/credentials").get_json()["items"]
+    with transactions_of(app) as begun:
+        revealed = api.post(f"/api/v1/credentials/{credential['id']}/reveal")
+    assert revealed.get_json()["secret"] == KEY
+    assert only_sqlite_tells(begun, app) == only_sqlite_tells([WRITE], app)

@@ -18,7 +18,6 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import pytest
 from flask import Flask
 from sqlalchemy import select
-from sqlalchemy.orm import sessionmaker
 
 from gateway import db, preflight
 from gateway.audit.models import AuditEvent
@@ -383,8 +382,7 @@ def test_the_sweeper_forgets_the_states_of_expired_links(
     start(alices, kept["id"])
     clock.advance(seconds=61)
     with app.app_context():
-        sweep(sessionmaker(app.extensions["gateway.engine"]), clock,
-              app.extensions[LOCKOUT_EXTENSION])
+        sweep(app.extensions["gateway.engine"], clock, app.extensions[LOCKOUT_EXTENSION])
     [left] = rows(app, OAuthState)
     assert left.elicitation_id == kept["id"]
 
