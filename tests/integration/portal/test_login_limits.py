@@ -9,7 +9,6 @@ from datetime import datetime
 import pytest
 from flask import Flask, request
 from sqlalchemy import select
-from sqlalchemy.orm import sessionmaker
 from werkzeug.test import TestResponse
 
 from gateway import db
@@ -150,6 +149,6 @@ def test_the_lockout_ends_with_its_window_and_the_sweeper_forgets_it(
     assert refused.headers["Retry-After"] == str(15 * 60)
     clock.advance(minutes=15)
     with app.app_context():
-        sweep(sessionmaker(db.engine_of(app)), clock, app.extensions[LOCKOUT_EXTENSION])
+        sweep(db.engine_of(app), clock, app.extensions[LOCKOUT_EXTENSION])
         assert db.session().scalars(select(LoginCounter)).all() == []
     assert attacker.log_in(alice).status_code == 303
