@@ -30,6 +30,7 @@ from gateway.metrics import counters
 from gateway.oauth import pages, service, states, tokens
 from gateway.oauth.provider import (
     CALLBACK_PATH,
+    ClientRefused,
     Endpoints,
     GrantRefused,
     Provider,
@@ -37,6 +38,7 @@ from gateway.oauth.provider import (
     provider_for,
     provider_of,
 )
+from gateway.oauth.refresh import CLIENT_REFUSED
 from gateway.oauth.revocation import revoke_tokens
 from gateway.oauth.states import CallbackRefused
 from gateway.vault.keyring import current_keyring
@@ -127,6 +129,8 @@ def callback(type_id: str) -> Page:
     try:
         answer = provider.exchange(code, secret.verifier)
     except (GrantRefused, ProviderUnavailable) as failure:
+        if isinstance(failure, ClientRefused):
+            _client_refused(elicitation, subject, type_id)
         return _try_again(elicitation, subject, f"{failure.detail} Nothing was stored.")
     return _finish(elicitation, subject, credential_type, provider, answer, secret.nonce)
 
@@ -200,6 +204,19 @@ def _discard(provider: Provider, answer: dict[str, Any], elicitation: Elicitatio
                      action="oauth.tokens_discarded", target=elicitation.id,
                      source_ip=request.remote_addr,
                      details={"reason": reason, "provider_revocation": outcome})
+
+
+def _client_refused(elicitation: Elicitation, subject: Subject, type_id: str) -> None:
+    """Record that the provider refused the gateway's own client, for ``gateway status``.
+
+    The operator's to fix (a wrong or rotated client secret), and the same
+    record a refused refresh leaves, so status shows it whichever came first.
+    """
+    with db.transaction() as session:
+        audit.record(session, current_clock(), actor=actor_of(subject), action=CLIENT_REFUSED,
+                     target=type_id, source_ip=request.remote_addr, outcome="failure",
+                     details={"elicitation_id": elicitation.id,
+                              "provider_error": "invalid_client"})
 
 
 def _provider_said_no(elicitation: Elicitation, subject: Subject,

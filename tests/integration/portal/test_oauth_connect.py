@@ -307,6 +307,22 @@ def test_a_bad_token_answer_stores_nothing_and_says_why(
     assert status_of(app, link["id"]) == "opened"
 
 
+def test_a_refused_client_at_the_exchange_is_recorded_for_gateway_status(
+    app: Flask, alices: Browser, connection_for: Callable[..., dict[str, Any]],
+    oidc_provider: OidcProvider,
+) -> None:
+    link = connection_for("alice")
+    back = oidc_provider.connect_login(start(alices, link["id"]), "alice")
+    oidc_provider.set_connect(token_fault="invalid_client")
+    page = alices.get(path_of(back))
+    assert page.status_code == 400
+    assert "invalid_client" in page.get_data(as_text=True)
+    assert rows(app, Credential) == []
+    [refused] = rows(app, AuditEvent, AuditEvent.action == "oauth.client_refused")
+    assert (refused.target, refused.outcome) == ("example", "failure")
+    assert refused.details == {"elicitation_id": link["id"], "provider_error": "invalid_client"}
+
+
 def test_a_slow_provider_times_out_and_stores_nothing(
     app: Flask, settings: Settings, alices: Browser,
     connection_for: Callable[..., dict[str, Any]], oidc_provider: OidcProvider,
