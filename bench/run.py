@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/run.py [--database sqlite|postgres] [--scenario NAME ...]
                                   [--duration S] [--connections N] [--wrk-threads N]
-                                  [--workers N] [--threads N] [--pin-workers]
+                                  [--workers N] [--waits N] [--pin-workers]
                                   [--rounds N] [--warmup S] [--hold N] [--floor] [--json PATH]
 
 One run starts both servers from scratch, measures every chosen scenario on
@@ -39,13 +39,10 @@ from hold import HeldRequests, HoldStats
 from scenarios import SCENARIOS, Gateway, Request, Scenario, SetupError, send
 
 RESULTS_FOLDER = Path(__file__).with_name("results")
-# Enough for the 500 held long-polls of the API scenarios on one worker: the
-# gateway lends a worker's threads minus a reserve (gateway serve's
-# wait_slots: 504 of 672) to waits, and nothing makes the held connections
-# split evenly between the workers (280/220 and worse seen). Idle threads
-# cost the other scenarios nothing: gunicorn starts them only as requests
-# need them.
-DEFAULT_THREADS = 672
+# gateway serve's own default: a held long-poll is a greenlet, and each
+# worker holds this many (nothing makes held connections split evenly between
+# the workers, so each can hold them all).
+DEFAULT_WAITS = 10_000
 
 
 class ScenarioFailed(Exception):
@@ -95,12 +92,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="wrk connections (default 32)")
     parser.add_argument("--wrk-threads", type=_positive, default=2,
                         help="wrk threads (default 2)")
-    # --workers and --threads mean what they mean to `gateway serve`.
+    # --workers and --waits mean what they mean to `gateway serve`.
     parser.add_argument("--workers", type=_positive, default=2,
                         help="gunicorn worker processes, both servers (default 2)")
-    parser.add_argument("--threads", type=_positive, default=DEFAULT_THREADS,
-                        help="gunicorn threads per worker, both servers "
-                             f"(default {DEFAULT_THREADS})")
+    parser.add_argument("--waits", type=_positive, default=DEFAULT_WAITS,
+                        help="long-polls each gateway worker holds "
+                             f"(default {DEFAULT_WAITS})")
     parser.add_argument("--pin-workers", action="store_true",
                         help="keep each worker on a CPU of its own, both servers (as "
                              "`gateway serve --pin-workers`)")
@@ -165,11 +162,11 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """Set up both targets, measure each scenario, report; undo the setup in any case."""
     scenarios = chosen_scenarios(args.scenario, args.hold)
-    capacity = servers.long_poll_capacity(args.threads)
+    capacity = args.waits
     for scenario in scenarios:
         if scenario.hold and scenario.hold.count > capacity:
             _progress(f"{scenario.name}: {scenario.hold.count} held requests, but a gateway "
-                      f"worker parks at most {capacity} with {args.threads} threads; those "
+                      f"worker holds at most {capacity} (--waits); those "
                       "past that on one worker are answered at once and sent again")
     wrk_path = wrk.ensure_installed()
     load = Load(duration=args.duration, connections=args.connections, threads=args.wrk_threads,
@@ -178,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gateway-bench-")))
         database_url = stack.enter_context(servers.scratch_database(args.database))
         gateway, targets, config = stack.enter_context(
-            _targets(folder, database_url, args.workers, args.threads, floor=args.floor,
+            _targets(folder, database_url, args.workers, args.waits, floor=args.floor,
                      pin_workers=args.pin_workers))
         facts = machine_facts(args, load, wrk.version(wrk_path),
                               servers.describe_database(database_url), config)
@@ -193,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _targets(folder: Path, database_url: str | None, workers: int, threads: int, *,
+def _targets(folder: Path, database_url: str | None, workers: int, waits: int, *,
              floor: bool, pin_workers: bool,
              ) -> Iterator[tuple[Gateway, dict[str, Target], dict[str, Any]]]:
     """The servers started on one gunicorn config (bind port aside); stopped afterwards.
@@ -208,7 +205,7 @@ def _targets(folder: Path, database_url: str | None, workers: int, threads: int,
     environ = servers.scratch_environ(instance, gateway_port, database_url)
     _progress("creating the scratch instance (gateway init, gateway db upgrade)")
     servers.init_instance(environ, folder)
-    options = servers.gateway_options(gateway_port, workers, threads, instance,
+    options = servers.gateway_options(gateway_port, workers, waits, instance,
                                       pin_workers=pin_workers)
     config = servers.server_config(environ, options)
     # The same function gateway serve calls, with only the port changed.

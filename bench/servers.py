@@ -28,7 +28,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.serving.affinity import POST_FORK
-from gateway.serving.server import Options, gunicorn_config, wait_slots
+from gateway.serving.server import Options, gunicorn_config
 from gateway.serving.tls import dev_certificate_paths
 from gateway.settings import ENV_PREFIX, SettingsError, load_settings
 
@@ -157,7 +157,7 @@ def run_gateway(environ: dict[str, str], folder: Path, options: Options) -> Iter
     # API limits in memory, one set per worker: the limits are set out of
     # reach (scratch_environ), so counting apart changes nothing measured.
     command = (*GATEWAY_COMMAND, "serve", "--host", options.host, "--port", str(options.port),
-               "--workers", str(options.workers), "--threads", str(options.threads),
+               "--workers", str(options.workers), "--waits", str(options.waits),
                "--no-worker", *(["--pin-workers"] if options.pin_workers else []))
     certfile, _ = dev_certificate_paths(Path(environ["GATEWAY_INSTANCE_PATH"]))
     with _started("gateway", command, environ, folder, options.port) as server:
@@ -168,10 +168,10 @@ def run_gateway(environ: dict[str, str], folder: Path, options: Options) -> Iter
             cafile=certfile)
 
 
-def gateway_options(port: int, workers: int, threads: int, instance: Path, *,
+def gateway_options(port: int, workers: int, waits: int, instance: Path, *,
                     pin_workers: bool = False) -> Options:
     """How ``gateway serve`` will serve: its own development certificate, on loopback."""
-    return Options(host=HOST, port=port, workers=workers, threads=threads,
+    return Options(host=HOST, port=port, workers=workers, waits=waits,
                    tls_files=dev_certificate_paths(instance), pin_workers=pin_workers)
 
 
@@ -179,15 +179,6 @@ def describe_pinning(config: dict[str, Any]) -> str:
     """How both servers place their workers on CPUs, read from the settings they run."""
     return ", each worker on one CPU" if config.get("post_fork") == POST_FORK else \
         ", workers not pinned"
-
-
-def long_poll_capacity(threads: int) -> int:
-    """How many long-polls one gateway worker parks; past that, a wait answers at once.
-
-    Per worker, not in all: which worker accepts a connection is up to the
-    kernel, and held connections can pile up on one of them.
-    """
-    return wait_slots(threads)
 
 
 def server_config(environ: dict[str, str], options: Options) -> dict[str, Any]:

@@ -38,7 +38,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
                wait_slots: int = DEFAULT_SLOTS, stripe: Stripe | None = None) -> Flask:
     """Build the gateway app from settings (read from the environment when not given).
 
-    ``wait_slots`` is how many threads of each process long-polls may hold;
+    ``wait_slots`` is how many long-polls each process may hold at once;
     ``stripe`` replaces the Stripe the settings choose.
     """
     settings = settings or load_settings()
@@ -97,5 +97,6 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.register_blueprint(oauth.blueprint)
     # Stripe signs its webhook (checked in the view); it has no CSRF token to send.
     csrf.exempt(payments.stripe_webhook)
-    app.extensions["gateway.waits"] = WaitHub(db.engine_of(app), slots=wait_slots)
+    app.extensions["gateway.waits"] = WaitHub(db.engine_of(app), app.extensions["gateway.clock"],
+                                              slots=wait_slots)
     return app

@@ -99,6 +99,10 @@ def _create_private(path: str | None) -> None:
 
 _TURNS: dict[str | None, threading.Lock] = {}
 _TURNS_GUARD: Final = threading.Lock()
+# A forked gunicorn worker makes its own turns, after gevent has patched
+# threading: a lock made before would block the worker's one thread, and
+# every greenlet on it, instead of its greenlet.
+os.register_at_fork(after_in_child=_TURNS.clear)
 
 
 @contextlib.contextmanager

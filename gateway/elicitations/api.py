@@ -91,11 +91,17 @@ def _current_state(elicitation_id: str) -> Elicitation:
 
 
 def _hold(elicitation: Elicitation, wait: float) -> None:
-    # The database connection goes back to the pool while this thread waits.
+    # The database connection goes back to the pool while the request waits.
     db.session().close()
     until_expiry = (elicitation.expires_at - current_clock().now()).total_seconds()
     hub: WaitHub = current_app.extensions["gateway.waits"]
-    hub.wait(elicitation.id, min(wait, max(until_expiry, 0)))
+    hub.wait(elicitation.id, min(wait, max(until_expiry, 0)), connection=_client_connection())
+
+
+def _client_connection() -> int | None:
+    # The socket gunicorn serves the request on (absent in tests' clients).
+    sock = request.environ.get("gunicorn.socket")
+    return sock.fileno() if sock is not None else None
 
 
 def _wait_seconds() -> float:

@@ -23,6 +23,8 @@ class Elicitation(Base):
         Index("ix_elicitations_client_created", "client_id", "created_at"),
         # The sweeper: open elicitations whose time is up.
         Index("ix_elicitations_status_expires_at", "status", "expires_at"),
+        # Those that ended lately: the long-poll watcher, the metrics.
+        Index("ix_elicitations_ended_at", "ended_at"),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)

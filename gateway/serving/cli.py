@@ -1,10 +1,11 @@
-"""``gateway serve``: gunicorn with threaded workers, terminating TLS itself."""
+"""``gateway serve``: gunicorn with gevent workers, terminating TLS itself."""
 
 from __future__ import annotations
 
 import errno
 import logging
 import os
+import resource
 import socket
 from pathlib import Path
 
@@ -24,6 +25,11 @@ from gateway.web import ratelimit
 log = logging.getLogger(__name__)
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 MAX_WORKERS = 64
+DEFAULT_WAITS = 10_000
+MAX_WAITS = 1_000_000
+# Open files a worker needs beside its connections: database connections,
+# log files, the listening socket, the libraries' own.
+FILES_BESIDE_CONNECTIONS = 200
 
 
 @click.command()
@@ -31,8 +37,10 @@ MAX_WORKERS = 64
 @click.option("--port", default=8443, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--workers", type=click.IntRange(1, MAX_WORKERS),
               help="Worker processes.  [default: one per CPU this process may run on]")
-@click.option("--threads", default=32, show_default=True, type=click.IntRange(1, 1024),
-              help="Threads per worker process.")
+@click.option("--waits", type=click.IntRange(1, MAX_WAITS),
+              help="Long-polls (?wait=N) each worker holds at once; past that a wait "
+                   f"answers at once with the current state.  [default: {DEFAULT_WAITS:,}, "
+                   "fewer where the open-file limit is lower]")
 @click.option("--certfile", type=click.Path(path_type=Path), help="TLS certificate (PEM).")
 @click.option("--keyfile", type=click.Path(path_type=Path), help="TLS private key (PEM, 0600).")
 @click.option("--no-tls", is_flag=True,
@@ -43,7 +51,7 @@ MAX_WORKERS = 64
               help="With at least one worker per CPU, keep each worker process on a "
                    "CPU of its own, where its threads share the interpreter lock "
                    "fastest; otherwise the kernel places them.")
-def serve(host: str, port: int, workers: int | None, threads: int,
+def serve(host: str, port: int, workers: int | None, waits: int | None,
           certfile: Path | None, keyfile: Path | None, no_tls: bool, no_worker: bool,
           pin_workers: bool) -> None:
     """Serve the gateway over HTTPS (and, unless --no-worker, send its webhooks)."""
@@ -58,8 +66,9 @@ def serve(host: str, port: int, workers: int | None, threads: int,
     _check_what_may_fail_later(settings, policy)
     _check_port_free(host, port)
     _say_how_api_limits_count(settings, workers)
+    waits = _waits_that_fit(waits)
     server.run(settings, server.Options(host=host, port=port, workers=workers,
-                                        threads=threads, tls_files=tls_files,
+                                        waits=waits, tls_files=tls_files,
                                         with_worker=not no_worker, pin_workers=pin_workers))
 
 
@@ -73,6 +82,32 @@ def default_workers() -> int:
     usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     cpus = len(usable) if usable is not None else os.cpu_count() or 1
     return min(cpus, MAX_WORKERS)
+
+
+def _waits_that_fit(asked: int | None) -> int:
+    """The long-polls each worker may hold, within the open-file limit.
+
+    Each held poll is an open socket. The soft limit is raised to the hard
+    one (often 1,024 soft and far more hard); the default shrinks to what
+    then fits, and a number asked for that does not fit is refused.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    fits = (soft if soft != resource.RLIM_INFINITY else MAX_WAITS * 2) \
+        - server.ORDINARY_CONNECTIONS - FILES_BESIDE_CONNECTIONS
+    if asked is not None:
+        if asked > fits:
+            cli.fail(f"--waits {asked:,} does not fit the open-file limit of {soft:,} "
+                     f"(at most {max(fits, 0):,}); raise it (ulimit -n, LimitNOFILE=) "
+                     "or ask for fewer")
+        return asked
+    if fits < DEFAULT_WAITS:
+        log.warning("each worker holds at most %d long-polls: the open-file limit is %d; "
+                    "raise it (ulimit -n, LimitNOFILE=) to hold %d", max(fits, 1), soft,
+                    DEFAULT_WAITS)
+    return max(1, min(DEFAULT_WAITS, fits))
 
 
 def _say_how_api_limits_count(settings: Settings, workers: int) -> None:

@@ -1,8 +1,12 @@
-"""Running the app under gunicorn's threaded workers.
+"""Running the app under gunicorn's gevent workers.
 
-Threads, not processes, carry concurrency: a long-poll parks a thread, not a
-process, and the app holds no per-process state, so any number of instances
-can run side by side.
+A worker is one process with one thread; each connection is a greenlet on
+it. A request runs until it waits on the network (PostgreSQL, a provider, the
+client), and the worker serves another meanwhile, so a held long-poll costs a
+greenlet's memory and a socket, not a thread. Processes, one per CPU, carry
+the parallelism; the app holds no per-process state, so any number of
+instances can run side by side. docs/performance.md says why gevent rather
+than threads or an ASGI front.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from flask import Flask
 from gunicorn.app.base import BaseApplication
@@ -31,6 +35,12 @@ from gateway.web import proxies
 # bare baseline runs with, uses this format string.
 ACCESS_LOG_FORMAT = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(M)sms'
 
+# Connections a worker takes beside its held long-polls: ordinary requests
+# and idle keep-alive connections.
+ORDINARY_CONNECTIONS: Final = 1000
+# The kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG: Final = 4096
+
 
 @dataclass(frozen=True, slots=True)
 class Options:
@@ -39,7 +49,8 @@ class Options:
     host: str
     port: int
     workers: int
-    threads: int
+    # Long-polls each worker holds at once; past that a wait answers at once.
+    waits: int
     tls_files: tuple[Path, Path] | None
     with_worker: bool = False
     # Each worker process on one CPU of its own, when there are as many workers
@@ -54,8 +65,12 @@ def gunicorn_config(settings: Settings, options: Options) -> dict[str, Any]:
     config: dict[str, Any] = {
         "bind": [f"{host}:{options.port}"],
         "workers": options.workers,
-        "worker_class": "gthread",
-        "threads": options.threads,
+        "worker_class": "gevent",
+        # Held long-polls, and room beside them for everything else.
+        "worker_connections": options.waits + ORDINARY_CONNECTIONS,
+        # A crowd of clients (re)connecting at once, each with a TLS
+        # handshake to do, waits in the kernel's queue rather than be refused.
+        "backlog": LISTEN_BACKLOG,
         "proc_name": "gateway",
         "accesslog": "-",
         "access_log_format": ACCESS_LOG_FORMAT,
@@ -110,11 +125,6 @@ def _stop_worker(arbiter: Any) -> None:
         supervisor.stop()
 
 
-def wait_slots(threads: int) -> int:
-    """How many of a worker's threads long-polls may hold; the rest serve everything else."""
-    return max(1, threads - max(4, threads // 4))
-
-
 class GatewayServer(BaseApplication):  # type: ignore[misc]
     """gunicorn, configured in code and loading the gateway app in each worker."""
 
@@ -134,7 +144,7 @@ class GatewayServer(BaseApplication):  # type: ignore[misc]
     def load(self) -> Flask:
         from gateway.app import create_app
 
-        return create_app(self._settings, wait_slots=wait_slots(self._options.threads))
+        return create_app(self._settings, wait_slots=self._options.waits)
 
 
 def run(settings: Settings, options: Options) -> None:

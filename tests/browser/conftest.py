@@ -250,7 +250,7 @@ def gateway(chromium_path: Path, database_url: str, stripe_stub: StripeStub,
     log = workdir / "serve.log"
     with log.open("w") as handle:
         process = subprocess.Popen(
-            [*GATEWAY, "serve", "--port", str(port), "--workers", "1", "--threads", "8"],
+            [*GATEWAY, "serve", "--port", str(port), "--workers", "1"],
             env=environ, cwd=workdir, stdout=handle, stderr=subprocess.STDOUT, text=True)
     certfile, _ = dev_certificate_paths(instance)
     server = Gateway(origin, environ, workdir, certfile, process, log, stripe_stub)
@@ -289,7 +289,7 @@ def serve_alongside(gateway: Gateway, name: str, settings: Mapping[str, str], *,
     log = gateway.workdir / f"serve-{name}.log"
     with log.open("w") as handle:
         process = subprocess.Popen(
-            [*GATEWAY, "serve", "--port", str(port), "--workers", "1", "--threads", "8",
+            [*GATEWAY, "serve", "--port", str(port), "--workers", "1",
              "--certfile", str(certfile), "--keyfile", str(keyfile), "--no-worker"],
             env=environ, cwd=gateway.workdir, stdout=handle, stderr=subprocess.STDOUT,
             text=True)

@@ -180,8 +180,7 @@ def serving(database_url: str, workdir: Path, extra: dict[str, str]) -> Iterator
     log = workdir / "serve.log"
     with log.open("w") as handle:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--workers", "1",
-             "--threads", "16"],
+            [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--workers", "1"],
             env=environ, cwd=workdir, stdout=handle, stderr=subprocess.STDOUT, text=True)
     certfile, _ = dev_certificate_paths(instance)
     app = create_app(load_settings(settings_environ))

@@ -138,7 +138,7 @@ def gateway(chromium_path: Path, database_url: str, oidc_provider: OidcProvider,
     log = workdir / "serve.log"
     with log.open("w") as handle:
         process = subprocess.Popen(
-            [*GATEWAY, "serve", "--port", str(port), "--workers", "1", "--threads", "16"],
+            [*GATEWAY, "serve", "--port", str(port), "--workers", "1"],
             env=environ, cwd=workdir, stdout=handle, stderr=subprocess.STDOUT, text=True)
     certfile, _ = dev_certificate_paths(instance)
     try:

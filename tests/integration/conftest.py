@@ -150,7 +150,7 @@ def start_server(cli_environ: dict[str, str], tmp_path: Path) -> Iterator[Callab
         sized = ["--workers", workers] if workers else []
         with log.open("w") as handle:
             process = subprocess.Popen(
-                [*GATEWAY, "serve", "--port", str(port), *sized, "--threads", "4", *args],
+                [*GATEWAY, "serve", "--port", str(port), *sized, "--waits", "100", *args],
                 env=env or cli_environ, cwd=tmp_path, stdout=handle,
                 stderr=subprocess.STDOUT, text=True,
             )

@@ -75,7 +75,7 @@ def test_an_ended_elicitation_answers_at_once(api: Api) -> None:
 
 
 def test_waiters_beyond_the_slots_are_answered_at_once(app: Flask) -> None:
-    hub = WaitHub(db.engine_of(app), slots=1)
+    hub = WaitHub(db.engine_of(app), app.extensions["gateway.clock"], slots=1)
     holder = threading.Thread(target=hub.wait, args=("el_held", 1.5), daemon=True)
     holder.start()
     time.sleep(0.2)

@@ -60,7 +60,7 @@ def test_pin_worker_pins_the_calling_process(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def options(workers: int, *, pin_workers: bool = True) -> Options:
-    return Options(host="127.0.0.1", port=8443, workers=workers, threads=8, tls_files=None,
+    return Options(host="127.0.0.1", port=8443, workers=workers, waits=8, tls_files=None,
                    pin_workers=pin_workers)
 
 
@@ -82,7 +82,7 @@ def test_workers_are_pinned_when_asked_and_there_is_one_for_each_cpu(tmp_path: P
 
 @pytest.mark.usefixtures("four_cpus")
 def test_workers_are_not_pinned_unless_asked(tmp_path: Path) -> None:
-    assert not pinned(tmp_path, Options(host="127.0.0.1", port=8443, workers=4, threads=8,
+    assert not pinned(tmp_path, Options(host="127.0.0.1", port=8443, workers=4, waits=8,
                                         tls_files=None))
 
 
