@@ -139,8 +139,11 @@ class Listener(logging.handlers.QueueListener):
     def handle(self, record: logging.LogRecord | threading.Event) -> None:
         if isinstance(record, threading.Event):
             record.set()
-        else:
+        elif record.process in (None, os.getpid()):
             super().handle(record)
+        # Otherwise a line of the parent's that a fork copied: under gevent
+        # the listener is a greenlet, and it survives the fork with the line
+        # it was handed. The parent writes it.
 
 
 _RUNNING: weakref.WeakSet[QueueingHandler] = weakref.WeakSet()

@@ -67,7 +67,7 @@ def serve(host: str, port: int, workers: int | None, waits: int | None,
     _check_port_free(host, port)
     _say_how_api_limits_count(settings, workers)
     waits = _waits_that_fit(waits)
-    server.run(settings, server.Options(host=host, port=port, workers=workers,
+    server.become_server(server.Options(host=host, port=port, workers=workers,
                                         waits=waits, tls_files=tls_files,
                                         with_worker=not no_worker, pin_workers=pin_workers))
 

@@ -11,12 +11,14 @@ than threads or an ASGI front.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from flask import Flask
 from gunicorn.app.base import BaseApplication
@@ -57,6 +59,22 @@ class Options:
     # as CPUs or more (see gateway.serving.affinity). Off unless asked: a pinned
     # worker cannot move off a CPU that other busy programs on the host share.
     pin_workers: bool = False
+
+    def to_json(self) -> str:
+        """These options as one JSON string (:meth:`from_json` reads it back)."""
+        fields = dataclasses.asdict(self)
+        if self.tls_files is not None:
+            fields["tls_files"] = [str(path) for path in self.tls_files]
+        return json.dumps(fields)
+
+    @classmethod
+    def from_json(cls, text: str) -> Options:
+        """The options :meth:`to_json` wrote."""
+        fields = json.loads(text)
+        if fields["tls_files"] is not None:
+            certfile, keyfile = fields["tls_files"]
+            fields["tls_files"] = (Path(certfile), Path(keyfile))
+        return cls(**fields)
 
 
 def gunicorn_config(settings: Settings, options: Options) -> dict[str, Any]:
@@ -147,8 +165,16 @@ class GatewayServer(BaseApplication):  # type: ignore[misc]
         return create_app(self._settings, wait_slots=self._options.waits)
 
 
+def become_server(options: Options) -> NoReturn:
+    """Replace this process with :mod:`gateway.serving.process`, serving with ``options``."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()  # what this process logged, before its image is replaced
+    os.execv(sys.executable, [sys.executable, "-m", "gateway.serving.process",  # noqa: S606
+                              options.to_json()])
+
+
 def run(settings: Settings, options: Options) -> None:
-    """Serve until stopped."""
+    """Serve until stopped (in a process gevent has patched: see gateway.serving.process)."""
     scheme = "https" if options.tls_files else "http"
     log = logging.getLogger("gateway")
     log.info("serving %s on %s://%s:%d", settings.public_url, scheme, options.host, options.port)
