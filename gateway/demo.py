@@ -242,6 +242,7 @@ def _ask_demo_user(session: Session, settings: Settings, client: ClientIdentity)
 def demo(port: int) -> None:
     """Set up what is missing and serve the whole flow: a link, a user, a webhook receiver."""
     from gateway.serving.cli import serve
+    from gateway.serving.server import IN_CHILD
 
     public_url = f"https://localhost:{port}"
     _prepare_environment(public_url)
@@ -270,7 +271,9 @@ def demo(port: int) -> None:
     click.echo()
     # Served as `gateway serve` serves by default (a worker per CPU): the demo
     # shows the embedded default, and nothing in it needs a single process
-    # (the login lockout counts in the database; the receiver runs here, in
-    # the process that starts the workers).
-    click.get_current_context().invoke(serve, port=port, host="127.0.0.1", certfile=None,
-                                       keyfile=None, no_tls=False, no_worker=False)
+    # (the login lockout counts in the database). The receiver runs here,
+    # so the server runs in a child process rather than replace this one.
+    context = click.get_current_context()
+    context.meta[IN_CHILD] = True
+    context.invoke(serve, port=port, host="127.0.0.1", certfile=None,
+                   keyfile=None, no_tls=False, no_worker=False)

@@ -79,6 +79,7 @@ class QueueingHandler(logging.handlers.QueueHandler):
         # interpreter can switch threads while one holds it, and then every
         # thread that logs waits. A SimpleQueue takes no such lock.
         super().__init__(queue.SimpleQueue())
+        self._writes_itself = False
         self.listener: Listener | None = self._listen()
         _RUNNING.add(self)
 
@@ -122,10 +123,22 @@ class QueueingHandler(logging.handlers.QueueHandler):
 
     def restart_in_child(self) -> None:
         # No thread survives a fork, and the parent's queue may hold lines the
-        # parent will write.
+        # parent will write. The child writes its own lines at once, in the
+        # thread that logs them: a forked gunicorn worker runs one thread
+        # (gevent's greenlets share it), so no other thread waits at the
+        # handler, and a thread started before gevent patches the worker
+        # would fail as it ends.
         if self.listener is not None:
             self.queue = queue.SimpleQueue()
-            self.listener = self._listen()
+            self.listener = None
+            self._writes_itself = True
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        """Queue the formatted record for the listener (or, in a forked child, write it)."""
+        if self._writes_itself:
+            self.writer.handle(record)
+        else:
+            super().enqueue(record)
 
 
 class Listener(logging.handlers.QueueListener):
@@ -139,11 +152,8 @@ class Listener(logging.handlers.QueueListener):
     def handle(self, record: logging.LogRecord | threading.Event) -> None:
         if isinstance(record, threading.Event):
             record.set()
-        elif record.process in (None, os.getpid()):
+        else:
             super().handle(record)
-        # Otherwise a line of the parent's that a fork copied: under gevent
-        # the listener is a greenlet, and it survives the fork with the line
-        # it was handed. The parent writes it.
 
 
 _RUNNING: weakref.WeakSet[QueueingHandler] = weakref.WeakSet()

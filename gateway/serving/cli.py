@@ -67,9 +67,10 @@ def serve(host: str, port: int, workers: int | None, waits: int | None,
     _check_port_free(host, port)
     _say_how_api_limits_count(settings, workers)
     waits = _waits_that_fit(waits)
-    server.become_server(server.Options(host=host, port=port, workers=workers,
+    server.become_server(settings, server.Options(host=host, port=port, workers=workers,
                                         waits=waits, tls_files=tls_files,
-                                        with_worker=not no_worker, pin_workers=pin_workers))
+                                        with_worker=not no_worker, pin_workers=pin_workers),
+                         in_child=click.get_current_context().meta.get(server.IN_CHILD, False))
 
 
 def default_workers() -> int:

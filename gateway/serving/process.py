@@ -1,27 +1,26 @@
-"""The process ``gateway serve`` becomes: gevent's patches first, then gunicorn.
+"""The process ``gateway serve`` becomes: a gunicorn master that imports little.
 
-gunicorn's gevent worker patches the standard library as it starts, but by
-then the master has imported what ``gateway serve`` checked with, and
+gunicorn's gevent worker patches the standard library as it starts, after
+the fork. What the master imported before is in the worker unpatched, and
 ``requests``' urllib3 keeps references to the unpatched ``ssl``: an outbound
 HTTPS call (an OAuth provider, Stripe, a key's live check) would then block
-its worker, every held long-poll and request on it included. So ``gateway
-serve`` checks what it checks, then replaces itself (same process id, same
-signals) with this module, which patches before anything else is imported,
-as gevent asks. Workers forked from it inherit the patched modules.
+its worker, every held long-poll and request on it included. ``gateway
+serve`` imports all of the gateway for its checks, so once they pass it
+replaces itself (same process id, same signals) with this module, which
+imports only what the master needs; each worker loads the app after gevent
+has patched it. The master itself is not patched: its threads (the
+``gateway worker`` supervisor) must not live on in the workers it forks, as
+greenlets would.
 """
 
-from gevent import monkey
+import ssl
+import sys
 
-monkey.patch_all()
+from gevent.hub import Hub
 
-import ssl  # noqa: E402
-import sys  # noqa: E402
-
-from gevent.hub import Hub  # noqa: E402
-
-from gateway import logs  # noqa: E402
-from gateway.serving import server  # noqa: E402
-from gateway.settings import load_settings  # noqa: E402
+from gateway import logs
+from gateway.serving import server
+from gateway.settings import load_settings
 
 # gevent does the TLS handshake before gunicorn sees the connection, and
 # prints the traceback of one that fails: a client that connects and leaves

@@ -15,6 +15,8 @@ import dataclasses
 import json
 import logging
 import os
+import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +30,6 @@ from gateway.serving import affinity
 from gateway.serving.access_log import GatewayLogger
 from gateway.serving.supervisor import Supervisor
 from gateway.settings import Settings
-from gateway.web import proxies
 
 # The access log shows the path without its query string: a client that puts
 # a token in a query string (refused anyway) must not have it written down.
@@ -40,6 +41,10 @@ ACCESS_LOG_FORMAT = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(M)sms'
 # Connections a worker takes beside its held long-polls: ordinary requests
 # and idle keep-alive connections.
 ORDINARY_CONNECTIONS: Final = 1000
+# A command that serves with `gateway serve` beside a thread of its own (the
+# demo's receiver) sets this in its click context: the server then runs in a
+# child process instead of replacing this one.
+IN_CHILD: Final = "gateway.serve_in_child"
 # The kernel caps it at net.core.somaxconn.
 LISTEN_BACKLOG: Final = 4096
 
@@ -165,20 +170,34 @@ class GatewayServer(BaseApplication):  # type: ignore[misc]
         return create_app(self._settings, wait_slots=self._options.waits)
 
 
-def become_server(options: Options) -> NoReturn:
-    """Replace this process with :mod:`gateway.serving.process`, serving with ``options``."""
-    for handler in logging.getLogger().handlers:
-        handler.flush()  # what this process logged, before its image is replaced
-    os.execv(sys.executable, [sys.executable, "-m", "gateway.serving.process",  # noqa: S606
-                              options.to_json()])
+def become_server(settings: Settings, options: Options, *, in_child: bool = False) -> NoReturn:
+    """Serve with ``options`` in the process of :mod:`gateway.serving.process`; never return.
 
+    This process becomes that one (same process id, same signals), unless
+    ``in_child``: then it runs beside it (the demo's webhook receiver lives
+    in this process), passes on the signals that stop it and exits as it does.
+    """
+    # Imported here: the server process imports this module, and must not
+    # import the web package (see gateway.serving.process).
+    from gateway.web import proxies
 
-def run(settings: Settings, options: Options) -> None:
-    """Serve until stopped (in a process gevent has patched: see gateway.serving.process)."""
     scheme = "https" if options.tls_files else "http"
     log = logging.getLogger("gateway")
     log.info("serving %s on %s://%s:%d", settings.public_url, scheme, options.host, options.port)
     # Which addresses end up in the audit trail depends on it: said at start.
     log.info(proxies.describe(settings))
+    for handler in logging.getLogger().handlers:
+        handler.flush()  # what this process logged, before its image is replaced
+    command = [sys.executable, "-m", "gateway.serving.process", options.to_json()]
+    if not in_child:
+        os.execv(command[0], command)  # noqa: S606  # the same program, a clean start
+    server = subprocess.Popen(command)  # the same program, a fixed command
+    for stopping in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stopping, lambda number, _: server.send_signal(number))
+    sys.exit(server.wait())
+
+
+def run(settings: Settings, options: Options) -> None:
+    """Serve until stopped (in the process of :mod:`gateway.serving.process`)."""
     with counters.shared_between_processes():
         GatewayServer(settings, options).run()
