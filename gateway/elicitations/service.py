@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import Connection, and_, bindparam, insert, or_, select
+from sqlalchemy import Connection, RowMapping, and_, bindparam, insert, or_, select
 from sqlalchemy.orm import Session
 
 from gateway.audit import service as audit
 from gateway.clients.models import ClientIdentity
+from gateway.clients.service import token_check_joined
 from gateway.clock import Clock
 from gateway.credentials.catalog import Catalog
 from gateway.elicitations import lifecycle
@@ -283,13 +284,32 @@ def read(connection: Connection, client: ClientIdentity, elicitation_id: str) ->
     return Elicitation(**row)
 
 
+def read_joined(row: RowMapping, elicitation_id: str) -> Elicitation:
+    """:func:`read` from the row the API's token check read with it.
+
+    ``row`` is the answer to :data:`READ_WITH_TOKEN_CHECK`.
+    """
+    if row["id"] is None:
+        raise NotFound(f"no elicitation {elicitation_id!r}")
+    # Joined on its client: the row's client_id is the token's client.
+    return Elicitation(client_id=row["client_id"],
+                       **{attribute: row[attribute] for attribute in _ROW_ATTRIBUTES})
+
+
+# What a read makes the object of, besides client_id (what the row was read by).
+_ROW_ATTRIBUTES: Final = (
+    "id", "subject_iss", "subject_sub", "kind", "credential_type", "scopes", "payment",
+    "message", "metadata_", "status", "created_at", "expires_at", "opened_at", "ended_at")
 # Labelled by attribute name, so that the row makes the object as it is.
-_READ: Final = select(*(column.label(attribute) for attribute, column in (
-    (attribute, getattr(Elicitation, attribute)) for attribute in (
-        "id", "client_id", "subject_iss", "subject_sub", "kind", "credential_type", "scopes",
-        "payment", "message", "metadata_", "status", "created_at", "expires_at", "opened_at",
-        "ended_at")))).where(Elicitation.id == bindparam("id"),
-                             Elicitation.client_id == bindparam("client_id"))
+_ROW_COLUMNS: Final = tuple(getattr(Elicitation, attribute).label(attribute)
+                            for attribute in _ROW_ATTRIBUTES)
+_READ: Final = select(Elicitation.client_id.label("client_id"), *_ROW_COLUMNS).where(
+    Elicitation.id == bindparam("id"), Elicitation.client_id == bindparam("client_id"))
+# The API's read: the token check and the row in one statement, bound by
+# the route's parameter (an id the URL converter let through).
+READ_WITH_TOKEN_CHECK: Final = token_check_joined(
+    Elicitation, Elicitation.client_id, Elicitation.id == bindparam("elicitation_id"),
+    *_ROW_COLUMNS)
 
 
 def _load(session: Session, elicitation_id: str, *, fresh: bool = False) -> Elicitation | None:
