@@ -1,7 +1,9 @@
 """Creating, reading, listing and cancelling elicitations for a client.
 
-The caller runs each function inside one transaction (``db.transaction()``);
-every state change happens through :mod:`gateway.elicitations.lifecycle`.
+Each function runs on the session (or connection) its caller hands it, in the
+caller's unit of work (a view's ``db.transaction()``, a command's or the
+worker's ``db.unit_of_work``); none begins or ends a transaction. Every state
+change happens through :mod:`gateway.elicitations.lifecycle`.
 """
 
 from __future__ import annotations
