@@ -204,9 +204,12 @@ class ClientNames:
 
 def webhook_url_of(session: Session, client_id: str) -> str | None:
     """Where the client's webhooks go; None when it takes none."""
-    url: str | None = session.execute(
-        select(Client.webhook_url).where(Client.id == client_id)).scalar_one()
+    url: str | None = session.connection().execute(
+        _WEBHOOK_URL, {"client_id": client_id}).scalar_one()
     return url
+
+
+_WEBHOOK_URL: Final = select(Client.webhook_url).where(Client.id == bindparam("client_id"))
 
 
 def identity_of(client: Client) -> ClientIdentity:
