@@ -426,6 +426,20 @@ def open_for(session: Session, clock: Clock, subject: Subject, elicitation_id: s
     else). Raises NotFound for an unknown link and WrongAccount for another
     user's, before anything is changed.
     """
+    elicitation = subject_checked(session, subject, elicitation_id)
+    expire_if_overdue(session, clock, elicitation)
+    if elicitation.status == Status.PENDING:
+        lifecycle.transition(session, clock, elicitation, Status.OPENED, actor=actor,
+                             source_ip=source_ip)
+    return elicitation
+
+
+def subject_checked(session: Session, subject: Subject, elicitation_id: str) -> Elicitation:
+    """The elicitation made for ``subject``, as stored: :func:`open_for`'s check, writing nothing.
+
+    For a request that reads before it writes (a key checked before it is
+    stored); the write runs :func:`open_for` again.
+    """
     # Read afresh, not from the session's copy: a request that checks the
     # link again (after a live check, or Stripe's answer) must see what
     # another tab did meanwhile.
@@ -434,10 +448,6 @@ def open_for(session: Session, clock: Clock, subject: Subject, elicitation_id: s
         raise NotFound(NO_SUCH_LINK)
     if (subject.iss, subject.sub) != (elicitation.subject_iss, elicitation.subject_sub):
         raise WrongAccount(elicitation)
-    expire_if_overdue(session, clock, elicitation)
-    if elicitation.status == Status.PENDING:
-        lifecycle.transition(session, clock, elicitation, Status.OPENED, actor=actor,
-                             source_ip=source_ip)
     return elicitation
 
 
