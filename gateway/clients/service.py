@@ -11,12 +11,13 @@ from __future__ import annotations
 import base64
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Any, Final
 from urllib.parse import urlsplit
 
-from sqlalchemy import Connection, bindparam, select
+from sqlalchemy import ColumnElement, Connection, Executable, RowMapping, and_, bindparam, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -203,9 +204,12 @@ class ClientNames:
 
 def webhook_url_of(session: Session, client_id: str) -> str | None:
     """Where the client's webhooks go; None when it takes none."""
-    url: str | None = session.execute(
-        select(Client.webhook_url).where(Client.id == client_id)).scalar_one()
+    url: str | None = session.connection().execute(
+        _WEBHOOK_URL, {"client_id": client_id}).scalar_one()
     return url
+
+
+_WEBHOOK_URL: Final = select(Client.webhook_url).where(Client.id == bindparam("client_id"))
 
 
 def identity_of(client: Client) -> ClientIdentity:
@@ -215,23 +219,54 @@ def identity_of(client: Client) -> ClientIdentity:
 
 def authenticate(connection: Connection, token_digest: str | None) -> ClientIdentity:
     """The active client holding the live token with this keyed digest."""
+    client, _ = authenticate_joined(connection, token_digest, _TOKEN_CHECK, {})
+    return client
+
+
+def authenticate_joined(connection: Connection, token_digest: str | None,
+                        statement: Executable, parameters: Mapping[str, Any],
+                        ) -> tuple[ClientIdentity, RowMapping]:
+    """:func:`authenticate` by ``statement``: the token check joined with one row more.
+
+    ``statement`` comes from :func:`token_check_joined`; ``parameters`` bind
+    its own part. Returns the client and the whole row, whose joined columns
+    are None when no row of the client matched.
+    """
     if token_digest is None:
         raise Unauthenticated("send the client's API token as `Authorization: Bearer gw_…`",
                               error=None)
     # The lookup is by digest: no stored token is ever compared with the
     # presented one, so there is no timing difference to measure. Read on
     # every request, never cached: a revoked token is refused at once.
-    row = connection.execute(_TOKEN_CHECK, {"digest": token_digest}).first()
-    if row is None or row.revoked_at is not None:
+    row = connection.execute(statement, {**parameters, "digest": token_digest}).mappings().first()
+    if row is None or row["token_revoked_at"] is not None:
         raise Unauthenticated("the API token is not valid: unknown or revoked")
-    if row.status != "active":
+    if row["client_status"] != "active":
         raise Unauthenticated("this client is disabled; ask the gateway's operator")
-    return ClientIdentity(row.id, row.name, tuple(row.credential_types or ()))
+    return ClientIdentity(row["client_id"], row["client_name"],
+                          tuple(row["client_credential_types"] or ())), row
+
+
+def token_check_joined(target: Any, client_column: Any, condition: ColumnElement[bool],
+                       *columns: ColumnElement[Any]) -> Executable:
+    """The token check reading one row of ``target`` too, in the same statement.
+
+    The row is the one that meets ``condition`` and whose ``client_column``
+    names the token's client (outer-joined: the check answers as alone when
+    there is none). Built once by the caller; ``columns`` are labelled apart
+    from the check's own (``client_…``, ``token_revoked_at``).
+    """
+    return _TOKEN_CHECK.add_columns(*columns).outerjoin(
+        target, and_(client_column == Client.id, condition))
 
 
 # Built once, run on every API request with the presented token's digest.
 _TOKEN_CHECK: Final = (
-    select(Client.id, Client.name, Client.status, Client.credential_types, ApiToken.revoked_at)
+    select(Client.id.label("client_id"), Client.name.label("client_name"),
+           Client.status.label("client_status"),
+           Client.credential_types.label("client_credential_types"),
+           ApiToken.revoked_at.label("token_revoked_at"))
+    .select_from(Client)
     .join(ApiToken, ApiToken.client_id == Client.id)
     .where(ApiToken.digest == bindparam("digest")))
 

@@ -12,11 +12,12 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from sqlalchemy import Connection, and_, bindparam, delete, or_, select
+from sqlalchemy import Connection, and_, bindparam, delete, insert, inspect, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from gateway.audit import service as audit
 from gateway.clients import service as clients
@@ -172,19 +173,16 @@ def capture(session: Session, clock: Clock, elicitation: Elicitation, credential
     if elicitation.status == Status.PENDING:
         lifecycle.transition(session, clock, elicitation, Status.OPENED, actor=actor,
                              source_ip=source_ip)
-    for previous in session.scalars(select(Credential).where(
-            Credential.client_id == credential.client_id,
-            Credential.subject_iss == credential.subject_iss,
-            Credential.subject_sub == credential.subject_sub,
-            Credential.type == credential.type, Credential.revoked_at.is_(None))):
-        revoke(session, clock, previous, actor=actor, source_ip=source_ip,
-               reason=Reason.SUPERSEDED, details={"superseded_by": credential.id})
+    connection = session.connection()
     # The revocations are written first: the unique index of live keys is
     # checked as each row is written, and would refuse the new key beside them.
-    session.flush()
-    session.add(credential)
+    for previous in connection.execute(_LIVE_OF_OWNER, {
+            "client_id": credential.client_id, "subject_iss": credential.subject_iss,
+            "subject_sub": credential.subject_sub, "type": credential.type}).all():
+        _revoke(session, clock, previous, actor=actor, source_ip=source_ip,
+                reason=Reason.SUPERSEDED, details={"superseded_by": credential.id})
     try:
-        session.flush()
+        connection.execute(_INSERT, _columns_of(credential))
     except IntegrityError as error:
         if not _lost_capture_race(error):
             raise
@@ -197,6 +195,25 @@ def capture(session: Session, clock: Clock, elicitation: Elicitation, credential
                                 source_ip=source_ip, details={"credential_id": credential.id},
                                 event_data={"credential": summary(credential,
                                                                      asked=elicitation.scopes)})
+
+
+# Built once: the statements of a capture, run on the transaction's connection.
+_LIVE_OF_OWNER: Final = select(
+    Credential.id, Credential.client_id, Credential.type, Credential.subject_iss,
+    Credential.subject_sub,
+).where(Credential.client_id == bindparam("client_id"),
+        Credential.subject_iss == bindparam("subject_iss"),
+        Credential.subject_sub == bindparam("subject_sub"),
+        Credential.type == bindparam("type"), Credential.revoked_at.is_(None))
+_INSERT: Final = insert(Credential)
+_COLUMNS: Final = tuple((attribute.key, attribute.columns[0].key)
+                        for attribute in inspect(Credential).column_attrs)
+
+
+def _columns_of(credential: Credential) -> dict[str, Any]:
+    """A new credential's values by column; a value not set is left to the column's default."""
+    values = ((column, getattr(credential, attribute)) for attribute, column in _COLUMNS)
+    return {column: value for column, value in values if value is not None}
 
 
 def summary(credential: Credential, *, asked: list[str] | None = None) -> dict[str, Any]:
@@ -404,8 +421,35 @@ def revoke(session: Session, clock: Clock, credential: Credential, *, actor: str
     """
     if not credential.live:
         raise AlreadyRevoked()
-    credential.revoked_at = clock.now()
-    credential.revoked_reason = reason.value
+    now = _revoke(session, clock, credential, actor=actor, source_ip=source_ip, reason=reason,
+                  details=details)
+    # The object follows the row, without becoming a change of its own.
+    set_committed_value(credential, "revoked_at", now)
+    set_committed_value(credential, "revoked_reason", reason.value)
+    return credential
+
+
+class _Revocable(Protocol):
+    """What a revocation needs of a credential: a stored object, or a row read for it."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def client_id(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def subject_iss(self) -> str: ...
+    @property
+    def subject_sub(self) -> str: ...
+
+
+def _revoke(session: Session, clock: Clock, credential: _Revocable, *, actor: str,
+            source_ip: str | None, reason: Reason, details: dict[str, Any] | None) -> datetime:
+    """The revocation's row change, audit row and webhook event; when it was revoked."""
+    now = clock.now()
+    session.connection().execute(_REVOKE, {"credential_id": credential.id, "at": now,
+                                           "reason": reason.value})
     audit.record(session, clock, actor=actor, action="credential.revoked",
                  target=credential.id, source_ip=source_ip,
                  details={"client_id": credential.client_id, "type": credential.type,
@@ -415,7 +459,11 @@ def revoke(session: Session, clock: Clock, credential: Credential, *, actor: str
                    {"credential_id": credential.id, "type": credential.type,
                     "subject": {"iss": credential.subject_iss, "sub": credential.subject_sub},
                     "reason": reason.value})
-    return credential
+    return now
+
+
+_REVOKE: Final = update(Credential).where(Credential.id == bindparam("credential_id")).values(
+    {Credential.revoked_at: bindparam("at"), Credential.revoked_reason: bindparam("reason")})
 
 
 def list_for_subject(session: Session, subject_iss: str,

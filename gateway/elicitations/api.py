@@ -17,7 +17,14 @@ from gateway.elicitations.models import Elicitation
 from gateway.elicitations.schemas import Issuer, SubjectId, create_adapter
 from gateway.elicitations.waiting import WaitHub
 from gateway.errors import InvalidInput
-from gateway.web.api import current_client, json_body, query_cursor, query_text
+from gateway.web.api import (
+    current_client,
+    joined_row,
+    json_body,
+    query_cursor,
+    query_text,
+    token_joined,
+)
 from gateway.web.context import current_clock, current_settings
 
 blueprint = Blueprint("elicitations", __name__, url_prefix="/elicitations")
@@ -69,20 +76,23 @@ def create() -> tuple[Response, int]:
 
 
 @blueprint.get("/<id:elicitation_id>")
+@token_joined(service.READ_WITH_TOKEN_CHECK)
 def read(elicitation_id: str) -> tuple[Response, int]:
     """One elicitation; with ``?wait=N``, held until it ends or N seconds pass."""
     wait = _wait_seconds()
-    elicitation = _current_state(elicitation_id)
+    elicitation = _current_state(elicitation_id, service.read_joined(joined_row(),
+                                                                    elicitation_id))
     if wait and elicitation.status not in TERMINAL:
         _hold(elicitation, wait)
         elicitation = _current_state(elicitation_id)
     return _answer(elicitation)
 
 
-def _current_state(elicitation_id: str) -> Elicitation:
+def _current_state(elicitation_id: str, stored: Elicitation | None = None) -> Elicitation:
     # Most reads find the elicitation as stored, and change nothing. Only an
     # overdue one is marked expired, in a write transaction with its audit row.
-    elicitation = service.read(db.session().connection(), current_client(), elicitation_id)
+    elicitation = stored or service.read(db.session().connection(), current_client(),
+                                         elicitation_id)
     if lifecycle.is_overdue(elicitation, current_clock().now()):
         with db.transaction() as session:
             elicitation = service.get(session, current_client(), elicitation_id)

@@ -6,7 +6,8 @@
        └──── TTL passes / client cancels ────▶ expired / cancelled
 
 Each transition is one conditional UPDATE (``WHERE status = <the status we
-read>``) in the caller's transaction, with its audit row, its outbox row when
+read>``, a statement built once, run on the transaction's connection) in the
+caller's transaction, with its audit row, its outbox row when
 it ends the elicitation, and a change signal that wakes long-polls everywhere
 once the transaction commits. Two requests
 racing to end the same elicitation cannot both win: the loser's UPDATE
@@ -19,8 +20,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from sqlalchemy import update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from gateway import changes
 from gateway.audit import service as audit
@@ -82,18 +84,22 @@ def transition(
     if to not in TRANSITIONS.get(current, frozenset()):
         raise IllegalTransition(f"an elicitation that is {current} cannot become {to}",
                                 elicitation_status=current.value)
-    stamped = Elicitation.opened_at if to is Status.OPENED else Elicitation.ended_at
     # Conditional on the status read: of two requests ending it at once, the
-    # second matches no row. The session's copy of the row follows the UPDATE.
-    moved = session.execute(
-        update(Elicitation)
-        .where(Elicitation.id == elicitation.id, Elicitation.status == current.value)
-        .values({Elicitation.status: to.value, stamped: now})
-        .returning(Elicitation.id)).first()
+    # second matches no row. Built once, run on the transaction's connection.
+    connection = session.connection()
+    stamped = "opened_at" if to is Status.OPENED else "ended_at"
+    moved = connection.execute(_OPEN if to is Status.OPENED else _END, {
+        "elicitation_id": elicitation.id, "from_status": current.value,
+        "to_status": to.value, "at": now}).first()
     if moved is None:
-        session.refresh(elicitation)
-        raise IllegalTransition(f"the elicitation became {elicitation.status} meanwhile",
-                                elicitation_status=elicitation.status)
+        status = connection.execute(_STATUS, {"elicitation_id": elicitation.id}).scalar_one()
+        set_committed_value(elicitation, "status", status)
+        raise IllegalTransition(f"the elicitation became {status} meanwhile",
+                                elicitation_status=status)
+    # The object follows the row as it now is, without becoming a change of
+    # its own: a session that holds it writes nothing more at its flush.
+    set_committed_value(elicitation, "status", to.value)
+    set_committed_value(elicitation, stamped, now)
     audit.record(session, clock, actor=actor, action=f"elicitation.{to.value}",
                  target=elicitation.id, source_ip=source_ip,
                  details={"client_id": elicitation.client_id, "from": current.value,
@@ -102,6 +108,17 @@ def transition(
     if to in TERMINAL:
         _enqueue_event(session, clock, elicitation, event_data or {})
     return elicitation
+
+
+_MOVED: Final = (Elicitation.id == bindparam("elicitation_id")) & \
+    (Elicitation.status == bindparam("from_status"))
+_OPEN: Final = update(Elicitation).where(_MOVED).values(
+    {Elicitation.status: bindparam("to_status"), Elicitation.opened_at: bindparam("at")}
+).returning(Elicitation.id)
+_END: Final = update(Elicitation).where(_MOVED).values(
+    {Elicitation.status: bindparam("to_status"), Elicitation.ended_at: bindparam("at")}
+).returning(Elicitation.id)
+_STATUS: Final = select(Elicitation.status).where(Elicitation.id == bindparam("elicitation_id"))
 
 
 def _enqueue_event(session: Session, clock: Clock, elicitation: Elicitation,

@@ -1,7 +1,9 @@
 """Creating, reading, listing and cancelling elicitations for a client.
 
-The caller runs each function inside one transaction (``db.transaction()``);
-every state change happens through :mod:`gateway.elicitations.lifecycle`.
+Each function runs on the session (or connection) its caller hands it, in the
+caller's unit of work (a view's ``db.transaction()``, a command's or the
+worker's ``db.unit_of_work``); none begins or ends a transaction. Every state
+change happens through :mod:`gateway.elicitations.lifecycle`.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import Connection, and_, bindparam, insert, or_, select
+from sqlalchemy import Connection, RowMapping, and_, bindparam, insert, or_, select
 from sqlalchemy.orm import Session
 
 from gateway.audit import service as audit
 from gateway.clients.models import ClientIdentity
+from gateway.clients.service import token_check_joined
 from gateway.clock import Clock
 from gateway.credentials.catalog import Catalog
 from gateway.elicitations import lifecycle
@@ -283,13 +286,32 @@ def read(connection: Connection, client: ClientIdentity, elicitation_id: str) ->
     return Elicitation(**row)
 
 
+def read_joined(row: RowMapping, elicitation_id: str) -> Elicitation:
+    """:func:`read` from the row the API's token check read with it.
+
+    ``row`` is the answer to :data:`READ_WITH_TOKEN_CHECK`.
+    """
+    if row["id"] is None:
+        raise NotFound(f"no elicitation {elicitation_id!r}")
+    # Joined on its client: the row's client_id is the token's client.
+    return Elicitation(client_id=row["client_id"],
+                       **{attribute: row[attribute] for attribute in _ROW_ATTRIBUTES})
+
+
+# What a read makes the object of, besides client_id (what the row was read by).
+_ROW_ATTRIBUTES: Final = (
+    "id", "subject_iss", "subject_sub", "kind", "credential_type", "scopes", "payment",
+    "message", "metadata_", "status", "created_at", "expires_at", "opened_at", "ended_at")
 # Labelled by attribute name, so that the row makes the object as it is.
-_READ: Final = select(*(column.label(attribute) for attribute, column in (
-    (attribute, getattr(Elicitation, attribute)) for attribute in (
-        "id", "client_id", "subject_iss", "subject_sub", "kind", "credential_type", "scopes",
-        "payment", "message", "metadata_", "status", "created_at", "expires_at", "opened_at",
-        "ended_at")))).where(Elicitation.id == bindparam("id"),
-                             Elicitation.client_id == bindparam("client_id"))
+_ROW_COLUMNS: Final = tuple(getattr(Elicitation, attribute).label(attribute)
+                            for attribute in _ROW_ATTRIBUTES)
+_READ: Final = select(Elicitation.client_id.label("client_id"), *_ROW_COLUMNS).where(
+    Elicitation.id == bindparam("id"), Elicitation.client_id == bindparam("client_id"))
+# The API's read: the token check and the row in one statement, bound by
+# the route's parameter (an id the URL converter let through).
+READ_WITH_TOKEN_CHECK: Final = token_check_joined(
+    Elicitation, Elicitation.client_id, Elicitation.id == bindparam("elicitation_id"),
+    *_ROW_COLUMNS)
 
 
 def _load(session: Session, elicitation_id: str, *, fresh: bool = False) -> Elicitation | None:
@@ -404,6 +426,20 @@ def open_for(session: Session, clock: Clock, subject: Subject, elicitation_id: s
     else). Raises NotFound for an unknown link and WrongAccount for another
     user's, before anything is changed.
     """
+    elicitation = subject_checked(session, subject, elicitation_id)
+    expire_if_overdue(session, clock, elicitation)
+    if elicitation.status == Status.PENDING:
+        lifecycle.transition(session, clock, elicitation, Status.OPENED, actor=actor,
+                             source_ip=source_ip)
+    return elicitation
+
+
+def subject_checked(session: Session, subject: Subject, elicitation_id: str) -> Elicitation:
+    """The elicitation made for ``subject``, as stored: :func:`open_for`'s check, writing nothing.
+
+    For a request that reads before it writes (a key checked before it is
+    stored); the write runs :func:`open_for` again.
+    """
     # Read afresh, not from the session's copy: a request that checks the
     # link again (after a live check, or Stripe's answer) must see what
     # another tab did meanwhile.
@@ -412,10 +448,6 @@ def open_for(session: Session, clock: Clock, subject: Subject, elicitation_id: s
         raise NotFound(NO_SUCH_LINK)
     if (subject.iss, subject.sub) != (elicitation.subject_iss, elicitation.subject_sub):
         raise WrongAccount(elicitation)
-    expire_if_overdue(session, clock, elicitation)
-    if elicitation.status == Status.PENDING:
-        lifecycle.transition(session, clock, elicitation, Status.OPENED, actor=actor,
-                             source_ip=source_ip)
     return elicitation
 
 

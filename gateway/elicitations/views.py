@@ -106,35 +106,42 @@ def answer(elicitation_id: str, subject: Subject) -> Page:
 
 
 def _submit(elicitation_id: str, subject: Subject, secret: str) -> Page:
-    """Check the key, then seal it, store it and complete the elicitation in one transaction."""
-    with db.transaction() as session:
-        elicitation = open_for(session, subject, elicitation_id)
-    credential_type = _asked_type(elicitation)
-    if credential_type is None:
-        return ended(elicitation)
-    # Checked outside any transaction: a live check may take seconds.
-    error = _verified(credential_type, secret)
-    if error is not None:
-        return render(session, elicitation, subject, error=error.detail), error.status
-    credential = credentials.seal_for(current_keyring(), elicitation, credential_type, secret,
-                                      current_clock().now())
-    return ended(store(elicitation_id, subject, credential))
+    """Check the key, then open the link, store the key and complete it in one transaction.
+
+    The key is checked before anything is written, outside any transaction
+    (a live check may take seconds), on the link as read with the subject
+    check; the write checks the subject again and sees what another tab did
+    meanwhile.
+    """
+    with db.reading() as session:
+        read = service.subject_checked(session, subject, elicitation_id)
+    credential_type = _asked_type(read)
+    problem = None if credential_type is None else _verified(credential_type, secret)
+    credential = None if credential_type is None or problem is not None else \
+        credentials.seal_for(current_keyring(), read, credential_type, secret,
+                             current_clock().now())
+    elicitation = store(elicitation_id, subject, credential)
+    if problem is not None and elicitation.status not in TERMINAL:
+        return render(session, elicitation, subject, error=problem.detail), problem.status
+    return ended(elicitation) if elicitation.status in TERMINAL else \
+        render(session, elicitation, subject)
 
 
-def store(elicitation_id: str, subject: Subject, credential: Credential) -> Elicitation:
-    """Store a sealed key or connection and complete the elicitation, in one transaction.
+def store(elicitation_id: str, subject: Subject, credential: Credential | None) -> Elicitation:
+    """Open the link, store a sealed key or connection and complete it, in one transaction.
 
     The subject is checked again: the elicitation may have ended, or been
     opened in another tab, while the key was checked or the provider
     answered. Run again when another capture for the same owner, or for this
     elicitation in another tab, won the race, and sealed again when its key
-    version was retired meanwhile.
+    version was retired meanwhile. Without a credential (the key was
+    refused), the link is only opened.
     """
 
     def attempt() -> Elicitation:
         with db.transaction() as session:
             current = open_for(session, subject, elicitation_id)
-            if current.status in TERMINAL:
+            if current.status in TERMINAL or credential is None:
                 return current
             return credentials.capture(session, current_clock(), current, credential,
                                        actor=actor_of(subject), source_ip=request.remote_addr)
@@ -142,7 +149,7 @@ def store(elicitation_id: str, subject: Subject, credential: Credential) -> Elic
     return store_sealed(current_keyring(),
                         lambda: db.retry_on_conflict(attempt, attempts=credentials.OWNER_RACES,
                                                      conflict=credentials.CaptureRaced),
-                        seal_again=credential.seal_again)
+                        seal_again=None if credential is None else credential.seal_again)
 
 
 def _asked_type(elicitation: Elicitation) -> CredentialType | None:

@@ -30,10 +30,11 @@ from flask import current_app, redirect, request, session
 from joserfc import jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
+from sqlalchemy.orm import Session
 from werkzeug.wrappers import Response
 
-from gateway import db
 from gateway.audit import service as audit
+from gateway.clock import Clock
 from gateway.errors import GatewayError
 from gateway.identity.sessions import Subject
 from gateway.identity.web import actor_of
@@ -61,6 +62,17 @@ class LoginError(GatewayError):
     status = 400
     code = "login-failed"
     title = "Login failed"
+
+
+class LoginRefused(LoginError):
+    """A callback or an ID token that does not check out: audited (:func:`record_failure`)."""
+
+    def __init__(self, message: str, *, reason: str,
+                 details: dict[str, Any] | None = None) -> None:
+        super().__init__(f"Login failed: {message}. Go back to the app and open its link again.")
+        # For the audit row: why, in a word, and what the provider said.
+        self.reason = reason
+        self.details = details or {}
 
 
 class ProviderUnavailable(GatewayError):
@@ -226,7 +238,12 @@ def start_login(next_path: str) -> Response:
 
 
 def finish_login() -> tuple[Subject, str]:
-    """Check the callback and the ID token; the subject and where to go next."""
+    """Check the callback and the ID token; the subject and where to go next.
+
+    Writes nothing: the view records the login (:func:`record_login`), or
+    the :class:`LoginRefused` this raises (:func:`record_failure`), in its
+    transaction.
+    """
     pending = session.pop(SESSION_KEY, None)
     if not isinstance(pending, dict):
         _fail("no login was started in this browser, or it was finished already",
@@ -245,12 +262,22 @@ def finish_login() -> tuple[Subject, str]:
     chosen = provider()
     token = chosen.exchange(code, pending["verifier"])
     claims = verify_id_token(chosen, token.get("id_token"), pending["nonce"])
-    subject = Subject(claims["iss"], claims["sub"])
-    with db.transaction() as stored:
-        audit.record(stored, current_clock(), actor=actor_of(subject),
-                     action="login", target=subject.sub, source_ip=request.remote_addr,
-                     details={"backend": "oidc"})
-    return subject, pending["next"]
+    return Subject(claims["iss"], claims["sub"]), pending["next"]
+
+
+def record_login(stored: Session, clock: Clock, subject: Subject, *,
+                 source_ip: str | None) -> None:
+    """The audit row of a login that :func:`finish_login` let through."""
+    audit.record(stored, clock, actor=actor_of(subject), action="login", target=subject.sub,
+                 source_ip=source_ip, details={"backend": "oidc"})
+
+
+def record_failure(stored: Session, clock: Clock, error: LoginRefused, *,
+                   source_ip: str | None) -> None:
+    """The audit row of a login that :func:`finish_login` refused."""
+    audit.record(stored, clock, actor=f"anonymous@{source_ip or 'unknown'}",
+                 action="login.failed", outcome="failure", source_ip=source_ip,
+                 details={"backend": "oidc", "reason": error.reason, **error.details})
 
 
 def verify_id_token(chosen: Provider, id_token: Any, nonce: str) -> dict[str, Any]:
@@ -313,8 +340,4 @@ def _time(value: Any) -> datetime | None:
 
 
 def _fail(message: str, reason: str, detail: dict[str, Any] | None = None) -> NoReturn:
-    with db.transaction() as stored:
-        audit.record(stored, current_clock(), actor=f"anonymous@{request.remote_addr or 'unknown'}",
-                     action="login.failed", outcome="failure", source_ip=request.remote_addr,
-                     details={"backend": "oidc", "reason": reason, **(detail or {})})
-    raise LoginError(f"Login failed: {message}. Go back to the app and open its link again.")
+    raise LoginRefused(message, reason=reason, details=detail)

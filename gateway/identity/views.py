@@ -71,7 +71,15 @@ def _reserve_attempt(username: str) -> lockout.Reservation:
 @blueprint.get("/login/callback")
 def login_callback() -> Response:
     """Back from the identity provider: check everything, then log the user in."""
-    subject, next_path = oidc.finish_login()
+    try:
+        subject, next_path = oidc.finish_login()
+    except oidc.LoginRefused as refused:
+        with db.transaction() as session:
+            oidc.record_failure(session, current_clock(), refused,
+                                source_ip=request.remote_addr)
+        raise
+    with db.transaction() as session:
+        oidc.record_login(session, current_clock(), subject, source_ip=request.remote_addr)
     log_in(subject)
     return redirect(next_path, code=303)
 

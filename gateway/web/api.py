@@ -11,10 +11,11 @@ from typing import Any, Final, TypeVar
 
 from flask import Blueprint, Flask, current_app, g, request
 from pydantic import TypeAdapter, ValidationError
+from sqlalchemy import Executable, RowMapping
 
 from gateway import db
 from gateway.clients.models import ClientIdentity
-from gateway.clients.service import authenticate
+from gateway.clients.service import authenticate, authenticate_joined
 from gateway.errors import GatewayError, InvalidInput
 from gateway.settings import Settings
 from gateway.web import ratelimit
@@ -22,6 +23,7 @@ from gateway.web import ratelimit
 PREFIX: Final = "/api/v1"
 View = TypeVar("View", bound=Callable[..., object])
 _PUBLIC_ATTRIBUTE: Final = "_public_api"
+_JOINED_ATTRIBUTE: Final = "_token_joined"
 # Query parameters that, by convention, carry tokens (RFC 6750 section 2.3).
 _TOKEN_PARAMETERS: Final = frozenset({"access_token", "token", "api_token", "api_key"})
 T = TypeVar("T")
@@ -61,6 +63,19 @@ def public(view: View) -> View:
     return view
 
 
+def token_joined(statement: Executable) -> Callable[[View], View]:
+    """Run a route's token check as ``statement``, joined with the row the route reads.
+
+    ``statement`` comes from :func:`gateway.clients.service.token_check_joined`;
+    its parameters are the route's path parameters, by name. The view takes
+    the row from :func:`joined_row`: one statement for the check and the read.
+    """
+    def mark(view: View) -> View:
+        setattr(view, _JOINED_ATTRIBUTE, statement)
+        return view
+    return mark
+
+
 def init_app(app: Flask, settings: Settings, children: Iterable[Blueprint]) -> None:
     """Mount the feature blueprints under /api/v1 behind authentication and limits."""
     parent = Blueprint("api", __name__, url_prefix=PREFIX)
@@ -83,6 +98,12 @@ def current_client() -> ClientIdentity:
     return client
 
 
+def joined_row() -> RowMapping:
+    """The row a :func:`token_joined` route's token check read with it."""
+    row: RowMapping = g.joined_row
+    return row
+
+
 def _authenticate() -> None:
     # Every value of a repeated name: the first alone would let ?x=a&x=gw_… through.
     if any(name.lower() in _TOKEN_PARAMETERS or value.startswith("gw_")
@@ -93,7 +114,13 @@ def _authenticate() -> None:
         return
     # The request's first statement: in a request that writes, its
     # transaction begins here, as one that writes (see gateway.db).
-    g.client = authenticate(db.session().connection(), ratelimit.token_digest())
+    connection = db.session().connection()
+    joined: Executable | None = getattr(view, _JOINED_ATTRIBUTE, None)
+    if joined is None:
+        g.client = authenticate(connection, ratelimit.token_digest())
+        return
+    g.client, g.joined_row = authenticate_joined(connection, ratelimit.token_digest(), joined,
+                                                 request.view_args or {})
 
 
 def json_body(adapter: TypeAdapter[T]) -> T:

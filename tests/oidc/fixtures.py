@@ -708,10 +708,12 @@ def second_oidc_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[O
 @pytest.fixture(autouse=True)
 def _oidc_provider_reset(request: pytest.FixtureRequest) -> Iterator[None]:
     """After each test that used a provider, undo its faults and redirect URIs."""
+    yield
+    # Which providers the test used is known only now: a test may ask for one
+    # while it runs (request.getfixturevalue), and that one is reset too.
     used = [name for name in ("oidc_provider", "second_oidc_provider")
             if name in request.fixturenames]
     providers: list[OidcProvider] = [request.getfixturevalue(name) for name in used]
-    yield
     for provider in providers:
         if provider.process.poll() is None:
             provider.reset()

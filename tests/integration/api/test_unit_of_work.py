@@ -79,6 +79,32 @@ def test_a_read_never_takes_the_write_lock(
     assert counted(transactions, app, read) == only_sqlite_tells([READ], app)
 
 
+@contextmanager
+def statements_of(app: Flask) -> Iterator[list[str]]:
+    """While the block runs: the SQL of each statement the app sends."""
+    sent: list[str] = []
+
+    def executing(connection: Connection, cursor: Any, statement: str, *args: Any) -> None:
+        sent.append(statement)
+
+    engine = db.engine_of(app)
+    event.listen(engine, "before_cursor_execute", executing)
+    yield sent
+    event.remove(engine, "before_cursor_execute", executing)
+
+
+def test_a_read_checks_the_token_and_reads_the_row_in_one_statement(
+    app: Flask, api: Api,
+) -> None:
+    created = api.post("/api/v1/elicitations", json=body()).get_json()
+    with statements_of(app) as sent:
+        assert api.get(f"/api/v1/elicitations/{created['id']}").get_json() == created
+    reads = [sql for sql in sent if "api_tokens" in sql or "elicitations" in sql]
+    assert len(reads) == 1
+    assert "api_tokens" in reads[0]
+    assert "elicitations" in reads[0]
+
+
 def test_a_cancel_is_one_transaction(app: Flask, api: Api, transactions: list[str]) -> None:
     created = api.post("/api/v1/elicitations", json=body()).get_json()
 

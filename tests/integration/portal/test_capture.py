@@ -30,7 +30,7 @@ from gateway.identity.sessions import Subject
 from gateway.vault import keyring
 from gateway.vault.keyring import current_keyring
 from tests.conftest import Api, Registered, client_for
-from tests.integration.api.test_unit_of_work import WRITE, only_sqlite_tells, transactions_of
+from tests.integration.api.test_unit_of_work import READ, WRITE, only_sqlite_tells, transactions_of
 from tests.integration.portal.conftest import Browser, csrf_of
 
 KEY = "wx-live-7f3a9c2e5b1d4a6f8e0c"
@@ -472,3 +472,20 @@ def test_a_reveal_is_one_transaction_that_writes_from_its_token_check(
         revealed = api.post(f"/api/v1/credentials/{credential['id']}/reveal")
     assert revealed.get_json()["secret"] == KEY
     assert only_sqlite_tells(begun, app) == only_sqlite_tells([WRITE], app)
+
+
+def test_a_key_submit_is_one_write_transaction(
+    app: Flask, alices: Browser, link_for: Callable[..., dict[str, Any]],
+) -> None:
+    # The browser session and the link are read first; the key is checked
+    # holding no transaction; the opening, the capture and the completion
+    # are one write. (The process's first seal reads and announces its key
+    # version, once in a while: the first submit does that here.)
+    submit(alices, link_for("alice"))
+    link = link_for("alice")
+    token = csrf_of(alices.get(f"/e/{link['id']}"))
+    with transactions_of(app) as begun:
+        answer = alices.client.post(f"/e/{link['id']}", data={
+            "csrf_token": token, "action": "submit", "secret": KEY})
+    assert "This request is complete" in answer.get_data(as_text=True)
+    assert only_sqlite_tells(begun, app) == only_sqlite_tells([READ, WRITE], app)
