@@ -370,8 +370,8 @@ def machine_facts(args: argparse.Namespace, load: Load, wrk_version: str,
                    f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         "system": platform.platform(terse=True),
         "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "servers": f"gunicorn {metadata.version('gunicorn')} gthread, {args.workers} workers "
-                   f"x {args.threads} threads"
+        "servers": f"gunicorn {metadata.version('gunicorn')} {config['worker_class']}, "
+                   f"{args.workers} workers, {args.waits} waits each"
                    f"{servers.describe_pinning(config)}, "
                    f"TLS on loopback; Flask {metadata.version('flask')}",
         "database": database,

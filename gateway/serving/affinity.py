@@ -1,12 +1,11 @@
 """Each gunicorn worker process kept on one CPU of its own.
 
-A worker is one Python process with many threads, and only the thread that
-holds the interpreter lock runs Python. Every call that lets the lock go
-(each SQLite or PostgreSQL statement, each TLS read and write) hands it to
-another of the process's threads; when that thread sits on another CPU, the
-lock travels between the CPUs with the work's memory, and the thread that
-let it go is put to sleep until it comes back. Kept on one CPU, a worker's
-threads hand the lock over without that trip (bench/HISTORY.md has the runs).
+A worker pinned to a CPU keeps its memory in that CPU's caches, and two
+workers never take turns on one CPU while the other idles. Pinning paid most
+under threaded workers, whose threads handed the interpreter lock between
+CPUs at every statement and TLS write (bench/HISTORY.md has the runs); a
+gevent worker runs one thread, so that cost is gone and pinning is a
+smaller matter.
 
 Only ``gateway serve --pin-workers`` pins, since a pinned worker cannot move
 off a CPU that other busy programs on the host share. The CPUs are those the
