@@ -30,6 +30,8 @@ MAX_WAITS = 1_000_000
 # Open files a worker needs beside its connections: database connections,
 # log files, the listening socket, the libraries' own.
 FILES_BESIDE_CONNECTIONS = 200
+# What an unlimited open-file limit counts as.
+MAX_FILES = 2 * MAX_WAITS
 
 
 @click.command()
@@ -93,20 +95,19 @@ def _waits_that_fit(asked: int | None) -> int:
     then fits, and a number asked for that does not fit is refused.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
+    if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         soft = hard
-    fits = (soft if soft != resource.RLIM_INFINITY else MAX_WAITS * 2) \
-        - server.ORDINARY_CONNECTIONS - FILES_BESIDE_CONNECTIONS
+    limit = MAX_FILES if soft == resource.RLIM_INFINITY else soft
+    fits = max(limit - server.ORDINARY_CONNECTIONS - FILES_BESIDE_CONNECTIONS, 0)
     if asked is not None:
         if asked > fits:
-            cli.fail(f"--waits {asked:,} does not fit the open-file limit of {soft:,} "
-                     f"(at most {max(fits, 0):,}); raise it (ulimit -n, LimitNOFILE=) "
-                     "or ask for fewer")
+            cli.fail(f"--waits {asked:,} does not fit the open-file limit of {limit:,} "
+                     f"(at most {fits:,}); raise it (ulimit -n, LimitNOFILE=) or ask for fewer")
         return asked
     if fits < DEFAULT_WAITS:
         log.warning("each worker holds at most %d long-polls: the open-file limit is %d; "
-                    "raise it (ulimit -n, LimitNOFILE=) to hold %d", max(fits, 1), soft,
+                    "raise it (ulimit -n, LimitNOFILE=) to hold %d", max(fits, 1), limit,
                     DEFAULT_WAITS)
     return max(1, min(DEFAULT_WAITS, fits))
 
