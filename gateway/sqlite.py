@@ -13,18 +13,25 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any, Final
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from gateway import wal
 
 # How long a writer waits for another before "database is locked".
 BUSY_TIMEOUT_S: Final = 15.0
+# A writer waiting for another process's sleeps this long between tries,
+# doubling up to the longest.
+FIRST_PAUSE_S: Final = 0.0005
+LONGEST_PAUSE_S: Final = 0.005
 # The execution option that marks a connection whose transactions only read.
 READS: Final = "gateway_reads"
 # The execution option of a write that gives up at once rather than wait for the lock.
@@ -72,17 +79,41 @@ def _begin(connection: Connection) -> None:
     options = connection.get_execution_options()
     if options.get(READS, False):
         connection.exec_driver_sql("BEGIN")
-    elif options.get(NO_WAIT, False):
-        # A write that can wait for nothing: one the process may make while
-        # another of its own connections holds the lock, which it would wait
-        # on for the whole busy timeout.
-        connection.exec_driver_sql("PRAGMA busy_timeout = 0")
-        try:
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
-        finally:
-            connection.exec_driver_sql(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
     else:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # A write that can wait for nothing (NO_WAIT): one the process may
+        # make while another of its own connections holds the lock, which it
+        # would wait on for the whole busy timeout.
+        _begin_writing(connection, 0.0 if options.get(NO_WAIT, False) else BUSY_TIMEOUT_S)
+
+
+def _begin_writing(connection: Connection, patience: float) -> None:
+    """``BEGIN IMMEDIATE``, waiting up to ``patience`` for another process's writer.
+
+    Waited for here, by sleeping between tries, rather than in SQLite's busy
+    handler: that one sleeps inside the driver's call, which in a gevent
+    worker stops the worker's one thread and every request on it, while
+    ``time.sleep`` there lets the others run. (This process's own writers
+    take their turn before this, on :func:`writer_turn`.)
+    """
+    deadline = time.monotonic() + patience
+    pause = FIRST_PAUSE_S
+    connection.exec_driver_sql("PRAGMA busy_timeout = 0")
+    try:
+        while True:
+            try:
+                connection.exec_driver_sql("BEGIN IMMEDIATE")
+                return
+            except OperationalError as error:
+                if not _is_busy(error) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, LONGEST_PAUSE_S)
+    finally:
+        connection.exec_driver_sql(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+
+
+def _is_busy(error: OperationalError) -> bool:
+    return getattr(error.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
 
 
 def _create_private(path: str | None) -> None:
