@@ -51,8 +51,7 @@ MAX_FILES = 2 * MAX_WAITS
               help="Do not run `gateway worker` beside the server (run workers apart).")
 @click.option("--pin-workers", is_flag=True,
               help="With at least one worker per CPU, keep each worker process on a "
-                   "CPU of its own, where its threads share the interpreter lock "
-                   "fastest; otherwise the kernel places them.")
+                   "CPU of its own; otherwise the kernel places them.")
 def serve(host: str, port: int, workers: int | None, waits: int | None,
           certfile: Path | None, keyfile: Path | None, no_tls: bool, no_worker: bool,
           pin_workers: bool) -> None:
