@@ -27,7 +27,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from gateway.serving.affinity import POST_FORK
+from gateway.serving.affinity import PRE_FORK
 from gateway.serving.server import Options, gunicorn_config
 from gateway.serving.tls import dev_certificate_paths
 from gateway.settings import ENV_PREFIX, SettingsError, load_settings
@@ -177,7 +177,7 @@ def gateway_options(port: int, workers: int, waits: int, instance: Path, *,
 
 def describe_pinning(config: dict[str, Any]) -> str:
     """How both servers place their workers on CPUs, read from the settings they run."""
-    return ", each worker on one CPU" if config.get("post_fork") == POST_FORK else \
+    return ", each worker on one CPU" if config.get("pre_fork") == PRE_FORK else \
         ", workers not pinned"
 
 

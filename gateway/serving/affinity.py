@@ -24,8 +24,8 @@ from typing import Any, Final
 
 # gunicorn's hooks, by name: the benchmark hands the same settings as JSON to
 # its bare baseline's gunicorn, which imports them from here.
+# (The worker pins itself in gateway.serving.forks, gunicorn's post_fork.)
 PRE_FORK: Final = "gateway.serving.affinity.assign_cpu"
-POST_FORK: Final = "gateway.serving.affinity.pin_worker"
 
 
 def pins(workers: int) -> bool:
@@ -46,5 +46,5 @@ def assign_cpu(arbiter: Any, worker: Any) -> None:
 
 
 def pin_worker(arbiter: Any, worker: Any) -> None:
-    """gunicorn's ``post_fork``, in the new worker: it and the threads it starts stay there."""
+    """In the new worker (gunicorn's ``post_fork``): it and what it starts stay on its CPU."""
     os.sched_setaffinity(0, {worker.cpu})

@@ -26,7 +26,7 @@ from flask import Flask
 from gunicorn.app.base import BaseApplication
 
 from gateway.metrics import counters
-from gateway.serving import affinity
+from gateway.serving import affinity, forks
 from gateway.serving.access_log import GatewayLogger
 from gateway.serving.supervisor import Supervisor
 from gateway.settings import Settings
@@ -115,10 +115,10 @@ def gunicorn_config(settings: Settings, options: Options) -> dict[str, Any]:
         # other workers idle (bench/HISTORY.md, "Half-speed rounds").
         # `gateway serve` checks first that no other program holds the port.
         "reuse_port": True,
+        "post_fork": forks.POST_FORK,
     }
     if options.pin_workers and affinity.pins(options.workers):
         config["pre_fork"] = affinity.PRE_FORK
-        config["post_fork"] = affinity.POST_FORK
     if options.with_worker:
         config["on_starting"] = _start_worker
         config["on_exit"] = _stop_worker

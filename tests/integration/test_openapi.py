@@ -51,7 +51,7 @@ class _NoWaiting:
     under load), which keeps the run fast; waiting itself is tested apart.
     """
 
-    def wait(self, elicitation_id: str, timeout: float) -> bool:
+    def wait(self, elicitation_id: str, timeout: float, connection: int | None = None) -> bool:
         return False
 
 

@@ -7,7 +7,7 @@ from types import ModuleType
 
 import pytest
 
-from gateway.serving.affinity import POST_FORK
+from gateway.serving.affinity import PRE_FORK
 from tests.bench_modules import bench_module
 
 pytestmark = pytest.mark.backend_independent
@@ -28,4 +28,4 @@ def test_workers_are_pinned_only_when_asked(run: ModuleType) -> None:
 
 def test_the_header_says_whether_workers_were_pinned(run: ModuleType) -> None:
     assert run.servers.describe_pinning({}) == ", workers not pinned"
-    assert run.servers.describe_pinning({"post_fork": POST_FORK}) == ", each worker on one CPU"
+    assert run.servers.describe_pinning({"pre_fork": PRE_FORK}) == ", each worker on one CPU"

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.serving import affinity
+from gateway.serving import affinity, forks
 from gateway.serving.server import Options, gunicorn_config
 from gateway.settings import load_settings
 
@@ -68,9 +69,10 @@ def pinned(tmp_path: Path, options: Options) -> bool:
     settings = load_settings({"GATEWAY_INSTANCE_PATH": str(tmp_path),
                               "GATEWAY_SECRET_KEY": "s" * 40, "GATEWAY_TOKEN_PEPPER": "p" * 40})
     config = gunicorn_config(settings, options)
-    hooks = (config.get("pre_fork"), config.get("post_fork"))
-    assert hooks in ((None, None), (affinity.PRE_FORK, affinity.POST_FORK))
-    return hooks != (None, None)
+    # Every worker runs the post-fork hook; a pinned one was given a CPU first.
+    assert config["post_fork"] == forks.POST_FORK
+    assert config.get("pre_fork") in (None, affinity.PRE_FORK)
+    return config.get("pre_fork") == affinity.PRE_FORK
 
 
 @pytest.mark.usefixtures("four_cpus")
@@ -100,8 +102,25 @@ def test_one_cpu_is_nothing_to_pin(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def test_the_hooks_are_named_so_that_gunicorn_finds_them() -> None:
     # By name, so the benchmark's bare baseline can take them from JSON.
-    for name, hook in ((affinity.PRE_FORK, affinity.assign_cpu),
-                       (affinity.POST_FORK, affinity.pin_worker)):
-        module, _, attribute = name.rpartition(".")
-        assert module == affinity.__name__
-        assert getattr(affinity, attribute) is hook
+    for name, module, hook in ((affinity.PRE_FORK, affinity, affinity.assign_cpu),
+                               (forks.POST_FORK, forks, forks.worker_forked)):
+        module_name, _, attribute = name.rpartition(".")
+        assert module_name == module.__name__
+        assert getattr(module, attribute) is hook
+
+
+def test_a_new_worker_stops_at_once_until_it_sets_its_own_handlers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The master's handlers, copied by the fork, would only queue a stop.
+    handlers: dict[int, object] = {}
+    monkeypatch.setattr(forks.signal, "signal", lambda number, handler: handlers.update(
+        {number: handler}))
+    pinned_to: list[int] = []
+    monkeypatch.setattr(affinity, "pin_worker", lambda arbiter, worker: pinned_to.append(
+        worker.cpu))
+    forks.worker_forked(Arbiter(), Worker(cpu=None))
+    assert handlers == {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.SIG_DFL}
+    assert pinned_to == []
+    forks.worker_forked(Arbiter(), Worker(cpu=1))
+    assert pinned_to == [1]
