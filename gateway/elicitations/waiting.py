@@ -99,11 +99,6 @@ class WaitHub:
                         del self._waiters[elicitation_id]
             self._slots.release()
 
-    def held(self) -> int:
-        """How many waits this process holds now."""
-        with self._lock:
-            return sum(len(events) for events in self._waiters.values())
-
     def _ensure_thread(self) -> None:
         # Started on first use, so it starts in the worker process (after
         # gunicorn forks), never in the master.
