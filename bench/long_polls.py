@@ -93,11 +93,16 @@ class Polls:
                 writer.close()
 
 
-async def read_body(reader: asyncio.StreamReader) -> bytes:
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One answer's status and body (the gateway always sends Content-Length)."""
     head = await reader.readuntil(b"\r\n\r\n")
     length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
                   if line.lower().startswith(b"content-length:"))
-    return await reader.readexactly(length)
+    return int(head.split(b" ", 2)[1]), await reader.readexactly(length)
+
+
+async def read_body(reader: asyncio.StreamReader) -> bytes:
+    return (await read_answer(reader))[1]
 
 
 async def api(gateway: Gateway, token: str, context: ssl.SSLContext, method: str, path: str,
@@ -111,11 +116,7 @@ async def api(gateway: Gateway, token: str, context: ssl.SSLContext, method: str
     try:
         writer.write(wire_bytes(request, gateway.host, gateway.port))
         await writer.drain()
-        head = await reader.readuntil(b"\r\n\r\n")
-        status = int(head.split(b" ", 2)[1])
-        length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length:"))
-        return status, await reader.readexactly(length)
+        return await read_answer(reader)
     finally:
         writer.close()
 
